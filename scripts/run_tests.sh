@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Sets up .venv and runs the test suite (README's test command).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup_env.sh
+. .venv/bin/activate
+python -m pytest -q tests "$@"
