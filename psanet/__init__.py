@@ -1,2 +1,4 @@
 """PSANet (Point-wise Spatial Attention Network) for PaddlePaddle and PaddleSeg."""
 __version__ = '0.1.0'
+
+from . import models  # noqa: F401,E402  (registers PSANet with paddleseg)

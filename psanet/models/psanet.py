@@ -1,0 +1,238 @@
+"""PSANet: point-wise spatial attention network, as a PaddleSeg model component."""
+import paddle
+import paddle.nn as nn
+import paddle.nn.functional as F
+from paddleseg.cvlibs import manager
+from paddleseg.models import layers
+from paddleseg.utils import utils
+
+from psanet.ops import PSAMask
+
+__all__ = ['PSANet', 'PSAHead', 'PSABranch']
+
+_COLLECT, _DISTRIBUTE, _BIDIRECTION = 0, 1, 2
+
+
+@manager.MODELS.add_component
+class PSANet(nn.Layer):
+    """The PSANet implementation based on PaddlePaddle.
+
+    The original article refers to
+    Zhao, Hengshuang, et al. "PSANet: Point-wise Spatial Attention Network for
+    Scene Parsing" (https://hszhao.github.io/papers/eccv18_psanet.pdf), ECCV 2018.
+
+    Args:
+        num_classes (int): The number of target classes.
+        backbone (paddle.nn.Layer): Backbone network, e.g. ResNet50_vd with output_stride 8.
+        backbone_indices (tuple, optional): Indices of the backbone outputs used by the
+            auxiliary head and by the PSA head. Default: (2, 3).
+        psa_type (int, optional): 0 collect, 1 distribute, 2 bi-direction. Default: 2.
+        mask_h (int, optional): Height of the attention window on the shrunk map. Default: 59.
+        mask_w (int, optional): Width of the attention window on the shrunk map. Default: 59.
+        psa_channels (int, optional): Channels of the reduced feature each PSA branch
+            attends over. Default: 512.
+        shrink_factor (int, optional): The feature is shrunk to ((H-1)//s+1, (W-1)//s+1)
+            before attention, to bound the (H*W)^2 attention map. Default: 2.
+        normalization_factor (float, optional): The aggregated feature is multiplied by
+            1/normalization_factor; None means mask_h*mask_w. Default: 1.0.
+        psa_softmax (bool, optional): Softmax the attention map over its H*W axis. Default: True.
+        use_psa (bool, optional): False skips the PSA module (the ablation baseline). Default: True.
+        compact (bool, optional): The attention predicts one channel per absolute position
+            of the shrunk map instead of a window around each position; needs
+            (mask_h, mask_w) equal to the shrunk map size. Default: False.
+        enable_auxiliary_loss (bool, optional): Add the auxiliary FCN head on
+            backbone_indices[0] while training. Default: True.
+        align_corners (bool, optional): An argument of F.interpolate for the final resize.
+            Default: False.
+        pretrained (str, optional): Path or URL of weights of the whole model. Default: None.
+    """
+
+    def __init__(self,
+                 num_classes,
+                 backbone,
+                 backbone_indices=(2, 3),
+                 psa_type=_BIDIRECTION,
+                 mask_h=59,
+                 mask_w=59,
+                 psa_channels=512,
+                 shrink_factor=2,
+                 normalization_factor=1.0,
+                 psa_softmax=True,
+                 use_psa=True,
+                 compact=False,
+                 enable_auxiliary_loss=True,
+                 align_corners=False,
+                 pretrained=None):
+        super().__init__()
+        if len(backbone_indices) != 2:
+            raise ValueError(f'PSANet: backbone_indices must hold 2 indices (auxiliary, '
+                             f'main), got {backbone_indices}.')
+        self.backbone = backbone
+        self.backbone_indices = tuple(backbone_indices)
+        backbone_channels = [backbone.feat_channels[i] for i in backbone_indices]
+        self.head = PSAHead(num_classes, backbone_channels, psa_type, mask_h, mask_w,
+                            psa_channels, shrink_factor, normalization_factor,
+                            psa_softmax, use_psa, compact, enable_auxiliary_loss)
+        self.align_corners = align_corners
+        self.pretrained = pretrained
+        self.init_weight()
+
+    def forward(self, x):
+        feat_list = self.backbone(x)
+        feats = [feat_list[i] for i in self.backbone_indices]
+        logit_list = self.head(feats)
+        return [
+            F.interpolate(logit, paddle.shape(x)[2:], mode='bilinear',
+                          align_corners=self.align_corners) for logit in logit_list
+        ]
+
+    def init_weight(self):
+        if self.pretrained is not None:
+            utils.load_entire_model(self, self.pretrained)
+
+
+class PSAHead(nn.Layer):
+    """The PSANet head: bi-directional point-wise spatial attention, then a classifier.
+
+    Args:
+        num_classes (int): The number of target classes.
+        backbone_channels (list[int]): Channels of the auxiliary and main backbone features.
+        psa_type (int): 0 collect, 1 distribute, 2 bi-direction.
+        mask_h (int): Attention window height.
+        mask_w (int): Attention window width.
+        psa_channels (int): Channels of each branch's reduced feature.
+        shrink_factor (int): Shrink factor of the map attention runs on.
+        normalization_factor (float|None): Aggregation scale 1/normalization_factor;
+            None means mask_h*mask_w.
+        psa_softmax (bool): Softmax the attention over its H*W axis.
+        use_psa (bool): False skips attention (the ablation baseline).
+        compact (bool): One attention channel per absolute position of the shrunk map.
+        enable_auxiliary_loss (bool): Build the auxiliary FCN head.
+    """
+
+    def __init__(self, num_classes, backbone_channels, psa_type, mask_h, mask_w,
+                 psa_channels, shrink_factor, normalization_factor, psa_softmax,
+                 use_psa, compact, enable_auxiliary_loss):
+        super().__init__()
+        if psa_type not in (_COLLECT, _DISTRIBUTE, _BIDIRECTION):
+            raise ValueError(f'PSANet: psa_type must be 0 (collect), 1 (distribute) or '
+                             f'2 (bi-direction), got {psa_type!r}.')
+        if not isinstance(shrink_factor, int) or shrink_factor < 1:
+            raise ValueError(f'PSANet: shrink_factor must be an int >= 1, got '
+                             f'{shrink_factor!r}.')
+        if normalization_factor is None:
+            normalization_factor = float(mask_h * mask_w)
+        if normalization_factor <= 0:
+            raise ValueError(f'PSANet: normalization_factor must be > 0 or null, got '
+                             f'{normalization_factor!r}.')
+        in_channels = backbone_channels[1]
+        self.use_psa = use_psa
+        self.shrink_factor = shrink_factor
+        if use_psa:
+            directions = [_COLLECT, _DISTRIBUTE] if psa_type == _BIDIRECTION else [psa_type]
+            self.branches = nn.LayerList([
+                PSABranch(in_channels, psa_channels, direction, mask_h, mask_w,
+                          normalization_factor, psa_softmax, compact)
+                for direction in directions
+            ])
+            # 1x1 projection back to the backbone width; no padding, unlike
+            # mmsegmentation's psa_head, whose padding=1 grows the map by 2.
+            self.project = layers.ConvBNReLU(psa_channels * len(directions), in_channels,
+                                             kernel_size=1)
+            bottleneck_in = in_channels * 2
+        else:
+            bottleneck_in = in_channels
+        self.bottleneck = layers.ConvBNReLU(bottleneck_in, 512, kernel_size=3, padding=1)
+        self.dropout = nn.Dropout(p=0.1)
+        self.classifier = nn.Conv2D(512, num_classes, kernel_size=1)
+        self.enable_auxiliary_loss = enable_auxiliary_loss
+        if enable_auxiliary_loss:
+            self.auxlayer = layers.AuxLayer(backbone_channels[0], backbone_channels[0] // 4,
+                                            num_classes)
+
+    def forward(self, feats):
+        aux_feat, x = feats
+        if self.use_psa:
+            size = paddle.shape(x)[2:]
+            if self.shrink_factor > 1:
+                shrunk_size = (size - 1) // self.shrink_factor + 1
+                shrunk = F.interpolate(x, shrunk_size, mode='bilinear', align_corners=True)
+            else:
+                shrunk = x
+            attended = paddle.concat([branch(shrunk) for branch in self.branches], axis=1)
+            attended = self.project(attended)
+            if self.shrink_factor > 1:
+                attended = F.interpolate(attended, size, mode='bilinear', align_corners=True)
+            x = paddle.concat([x, attended], axis=1)
+        logit = self.classifier(self.dropout(self.bottleneck(x)))
+        if self.training and self.enable_auxiliary_loss:
+            return [logit, self.auxlayer(aux_feat)]
+        return [logit]
+
+
+class PSABranch(nn.Layer):
+    """One direction of point-wise spatial attention (collect or distribute).
+
+    Reduces the feature, predicts a mask_h x mask_w attention window per position,
+    spreads it to a dense [H*W, H*W] map with the PSA mask op (or reads it directly
+    when compact), optionally softmaxes it over the H*W axis, and aggregates the
+    reduced feature with it.
+
+    Args:
+        in_channels (int): Channels of the input feature.
+        channels (int): Channels of the reduced feature.
+        psa_type (int): 0 collect, 1 distribute.
+        mask_h (int): Attention window height.
+        mask_w (int): Attention window width.
+        normalization_factor (float): The aggregate is multiplied by its inverse.
+        psa_softmax (bool): Softmax the attention over its H*W axis.
+        compact (bool): One attention channel per absolute position; needs
+            (mask_h, mask_w) equal to the map size.
+    """
+
+    def __init__(self, in_channels, channels, psa_type, mask_h, mask_w,
+                 normalization_factor, psa_softmax, compact):
+        super().__init__()
+        self.psa_type = psa_type
+        self.mask_h, self.mask_w = mask_h, mask_w
+        self.scale = 1.0 / normalization_factor
+        self.psa_softmax = psa_softmax
+        self.compact = compact
+        self.reduce = layers.ConvBNReLU(in_channels, channels, kernel_size=1)
+        self.attention = nn.Sequential(
+            layers.ConvBNReLU(channels, channels, kernel_size=1),
+            nn.Conv2D(channels, mask_h * mask_w, kernel_size=1))
+        self.psa_mask = None if compact else PSAMask(psa_type, (mask_h, mask_w))
+
+    def forward(self, x):
+        x = self.reduce(x)
+        attention = self.attention(x)
+        if self.compact:
+            attention = self._compact_attention(attention)
+        else:
+            attention = self.psa_mask(attention)
+        if self.psa_softmax:
+            attention = F.softmax(attention, axis=1)
+        return aggregate(x, attention) * self.scale
+
+    def _compact_attention(self, attention):
+        """Channel q at position p is the weight between positions q and p."""
+        h, w = attention.shape[2], attention.shape[3]
+        if h is not None and w is not None and h > 0 and w > 0 and \
+                (h, w) != (self.mask_h, self.mask_w):
+            raise ValueError(
+                f'PSANet compact attention needs mask_h x mask_w equal to the shrunk '
+                f'feature map, got mask {self.mask_h}x{self.mask_w} for a {h}x{w} map. '
+                f'Set mask_h: {h} and mask_w: {w}, or compact: false.')
+        if self.psa_type == _COLLECT:
+            return attention  # Y[n, q, p] = channel q at p
+        # Distribute: Y[n, p, q] = channel q at p, the transpose over positions.
+        dense = attention.reshape([0, 0, -1]).transpose([0, 2, 1])
+        return dense.reshape(paddle.shape(attention))
+
+
+def aggregate(x, attention):
+    """out[n, c, p] = sum_a x[n, c, a] * attention[n, a, p] over the H*W positions a."""
+    features = x.reshape([0, 0, -1])
+    weights = attention.reshape([0, 0, -1])
+    return paddle.bmm(features, weights).reshape(paddle.shape(x))

@@ -1,0 +1,234 @@
+"""PSANet model: YAML building, shapes, the PSA branch against numpy, compact mode,
+gradients, and that a few steps lower the loss."""
+import glob
+import os
+
+import numpy as np
+import paddle
+import pytest
+from paddleseg.cvlibs import Config, SegBuilder
+
+import psanet  # noqa: F401  (registers PSANet)
+from psanet.models import PSANet
+from psanet.models.psanet import PSABranch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = sorted(glob.glob(os.path.join(ROOT, 'configs', 'psanet', '*.yml')))
+
+
+def small_backbone():
+    from paddleseg.models.backbones import ResNet18_vd
+    return ResNet18_vd(output_stride=8)
+
+
+def build_from_yaml(path):
+    cfg = Config(path)
+    model_cfg = cfg.dic['model']
+    # No network here: drop the pretrained weights (their loading is paddleseg's).
+    model_cfg['pretrained'] = None
+    model_cfg['backbone']['pretrained'] = None
+    return cfg, SegBuilder(cfg).model
+
+
+def psa_mask_loop(x, psa_type, mask_h, mask_w):
+    """The op's definition, literally (independent of psanet.ops)."""
+    n_, _, h_, w_ = x.shape
+    y = np.zeros((n_, h_ * w_, h_, w_), x.dtype)
+    half_h, half_w = (mask_h - 1) // 2, (mask_w - 1) // 2
+    for n in range(n_):
+        for h in range(h_):
+            for w in range(w_):
+                for i in range(mask_h):
+                    for j in range(mask_w):
+                        qh, qw = h + i - half_h, w + j - half_w
+                        if 0 <= qh < h_ and 0 <= qw < w_:
+                            p, q = h * w_ + w, qh * w_ + qw
+                            if psa_type == 0:
+                                y[n, q, p // w_, p % w_] = x[n, i * mask_w + j, h, w]
+                            else:
+                                y[n, p, q // w_, q % w_] = x[n, i * mask_w + j, h, w]
+    return y
+
+
+def branch_reference(x_reduced, dense, scale, softmax):
+    """Softmax over the H*W axis, then out[c, p] = sum_a x[c, a] * A[a, p]."""
+    n, c, h, w = x_reduced.shape
+    a = dense.reshape(n, h * w, h * w).astype(np.float64)
+    if softmax:
+        a = np.exp(a - a.max(axis=1, keepdims=True))
+        a = a / a.sum(axis=1, keepdims=True)
+    out = np.einsum('nca,nap->ncp', x_reduced.reshape(n, c, h * w).astype(np.float64), a)
+    return (out * scale).reshape(n, c, h, w)
+
+
+@pytest.mark.parametrize('path', CONFIGS, ids=[os.path.basename(p) for p in CONFIGS])
+def test_builds_from_yaml_with_train_and_eval_shapes(path):
+    cfg, model = build_from_yaml(path)
+    assert isinstance(model, PSANet)
+    assert len(cfg.dic['loss']['types']) == 2  # main + auxiliary
+    x = paddle.randn([1, 3, 64, 64])
+    model.train()
+    train_out = model(x)
+    assert [list(o.shape) for o in train_out] == [[1, 19, 64, 64]] * 2
+    model.eval()
+    with paddle.no_grad():
+        eval_out = model(x)
+    assert [list(o.shape) for o in eval_out] == [[1, 19, 64, 64]]
+
+
+def test_reproduction_recipe_in_r50_config():
+    cfg = Config(os.path.join(ROOT, 'configs/psanet/psanet_resnet50_os8_cityscapes_1024x512_80k.yml'))
+    d = cfg.dic
+    assert (d['batch_size'], d['iters']) == (8, 80000)
+    assert d['loss']['coef'] == [1, 0.4]
+    assert d['lr_scheduler'] == {'type': 'PolynomialDecay', 'learning_rate': 0.01,
+                                 'end_lr': 1.0e-5, 'power': 0.9}
+    assert d['optimizer'] == {'type': 'Momentum', 'momentum': 0.9, 'weight_decay': 4.0e-5}
+    m = d['model']
+    assert m['backbone'] == {'type': 'ResNet50_vd', 'output_stride': 8, 'pretrained':
+                             'https://bj.bcebos.com/paddleseg/dygraph/resnet50_vd_ssld_v2.tar.gz'}
+    assert (m['mask_h'], m['mask_w'], m['psa_type'], m['shrink_factor']) == (59, 59, 2, 2)
+    assert (m['normalization_factor'], m['psa_softmax'], m['use_psa']) == (1.0, True, True)
+    assert (m['align_corners'], m['enable_auxiliary_loss']) == (False, True)
+    names = [t['type'] for t in d['train_dataset']['transforms']]
+    assert names == ['ResizeStepScaling', 'RandomPaddingCrop', 'RandomHorizontalFlip',
+                     'RandomDistort', 'Normalize']
+    assert d['train_dataset']['transforms'][1]['crop_size'] == [1024, 512]
+
+
+@pytest.mark.parametrize('psa_type', [0, 1, 2])
+def test_odd_input_size_comes_back_at_input_size(psa_type):
+    model = PSANet(19, small_backbone(), psa_type=psa_type, mask_h=7, mask_w=9,
+                   psa_channels=16)
+    model.eval()
+    with paddle.no_grad():
+        out = model(paddle.randn([1, 3, 97, 131]))
+    assert [list(o.shape) for o in out] == [[1, 19, 97, 131]]
+
+
+@pytest.mark.parametrize('psa_type', [0, 1])
+@pytest.mark.parametrize('softmax', [True, False])
+def test_psa_branch_matches_numpy(psa_type, softmax):
+    paddle.seed(0)
+    mask_h, mask_w = 5, 3
+    branch = PSABranch(8, 6, psa_type, mask_h, mask_w, normalization_factor=2.5,
+                       psa_softmax=softmax, compact=False)
+    branch.eval()
+    x = paddle.randn([2, 8, 4, 5], dtype='float32')
+    with paddle.no_grad():
+        out = branch(x).numpy()
+        reduced = branch.reduce(x)
+        attention = branch.attention(reduced).numpy()
+    dense = psa_mask_loop(attention, psa_type, mask_h, mask_w)
+    expected = branch_reference(reduced.numpy(), dense, 1 / 2.5, softmax)
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize('psa_type', [0, 1])
+def test_compact_matches_reference(psa_type):
+    paddle.seed(1)
+    h, w = 3, 4
+    branch = PSABranch(8, 6, psa_type, h, w, normalization_factor=1.0, psa_softmax=True,
+                       compact=True)
+    branch.eval()
+    x = paddle.randn([2, 8, h, w])
+    with paddle.no_grad():
+        out = branch(x).numpy()
+        reduced = branch.reduce(x)
+        attention = branch.attention(reduced).numpy()  # channel q at position p
+    n = attention.shape[0]
+    dense = np.zeros((n, h * w, h * w), np.float32)
+    for q in range(h * w):
+        for p in range(h * w):
+            value = attention[:, q, p // w, p % w]
+            if psa_type == 0:
+                dense[:, q, p] = value   # collect: Y[q, p]
+            else:
+                dense[:, p, q] = value   # distribute: Y[p, q]
+    expected = branch_reference(reduced.numpy(), dense.reshape(n, h * w, h, w), 1.0, True)
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_compact_equals_full_window_op():
+    """A compact branch and a (2h-1)x(2w-1) window see the same positions; the
+    two must agree once the attention channels are mapped between the two."""
+    h, w = 3, 4
+    rng = np.random.default_rng(0)
+    absolute = rng.standard_normal((1, h * w, h, w)).astype(np.float32)
+    for psa_type in (0, 1):
+        relative = np.zeros((1, (2 * h - 1) * (2 * w - 1), h, w), np.float32)
+        for q in range(h * w):
+            for p in range(h * w):
+                i = q // w - p // w + h - 1
+                j = q % w - p % w + w - 1
+                relative[0, i * (2 * w - 1) + j, p // w, p % w] = absolute[0, q, p // w, p % w]
+        from psanet.ops import psa_mask
+        full = psa_mask(paddle.to_tensor(relative), psa_type, (2 * h - 1, 2 * w - 1)).numpy()
+        branch = PSABranch(4, 4, psa_type, h, w, 1.0, False, compact=True)
+        compact = branch._compact_attention(paddle.to_tensor(absolute)).numpy()
+        np.testing.assert_array_equal(compact, full)
+
+
+def test_compact_wrong_map_size_is_a_clear_error():
+    branch = PSABranch(8, 6, 0, 3, 4, 1.0, True, compact=True)
+    with pytest.raises(ValueError, match=r'mask_h: 5 and mask_w: 6'):
+        branch(paddle.randn([1, 8, 5, 6]))
+
+
+def test_normalization_factor_none_means_window_area():
+    model = PSANet(19, small_backbone(), psa_type=0, mask_h=5, mask_w=7,
+                   normalization_factor=None, psa_channels=8)
+    assert model.head.branches[0].scale == pytest.approx(1 / 35)
+
+
+def test_bad_arguments_are_clear_errors():
+    with pytest.raises(ValueError, match='psa_type'):
+        PSANet(19, small_backbone(), psa_type=3)
+    with pytest.raises(ValueError, match='shrink_factor'):
+        PSANet(19, small_backbone(), shrink_factor=0)
+
+
+def test_use_psa_false_is_the_baseline_without_attention():
+    model = PSANet(19, small_backbone(), use_psa=False)
+    assert not hasattr(model.head, 'branches')
+    model.eval()
+    with paddle.no_grad():
+        assert list(model(paddle.randn([1, 3, 32, 48]))[0].shape) == [1, 19, 32, 48]
+
+
+def test_parameters_fixed_and_all_receive_gradients():
+    paddle.seed(2)
+    model = PSANet(5, small_backbone(), mask_h=5, mask_w=7, psa_channels=16)
+    model.train()
+    before = [(p.name, tuple(p.shape)) for p in model.parameters()]
+    logits = model(paddle.randn([2, 3, 64, 64]))
+    after = [(p.name, tuple(p.shape)) for p in model.parameters()]
+    assert before == after  # nothing is created in forward
+    loss = sum(paddle.nn.functional.cross_entropy(
+        logit, paddle.randint(0, 5, [2, 1, 64, 64]), axis=1) for logit in logits)
+    loss.backward()
+    missing = [p.name for p in model.parameters()
+               if not p.stop_gradient and (p.grad is None or float(p.grad.abs().sum()) == 0)]
+    assert missing == []
+
+
+def test_few_steps_lower_the_loss():
+    paddle.seed(3)
+    np.random.seed(3)
+    model = PSANet(3, small_backbone(), mask_h=5, mask_w=7, psa_channels=16)
+    model.train()
+    opt = paddle.optimizer.Momentum(0.01, momentum=0.9, parameters=model.parameters())
+    x = paddle.randn([2, 3, 48, 48])
+    # Three horizontal bands: learnable from position alone.
+    bands = np.broadcast_to((np.arange(48) * 3 // 48)[None, None, :, None], (2, 1, 48, 48))
+    label = paddle.to_tensor(bands.astype('int64'))
+    losses = []
+    for _ in range(6):
+        logits = model(x)
+        loss = sum(c * paddle.nn.functional.cross_entropy(lg, label, axis=1)
+                   for c, lg in zip([1, 0.4], logits))
+        loss.backward()
+        opt.step()
+        opt.clear_grad()
+        losses.append(float(loss))
+    assert losses[-1] < 0.8 * losses[0], losses
