@@ -1,0 +1,196 @@
+"""mini Cityscapes: read by paddleseg's Cityscapes, official encodings, determinism, learnable scenes."""
+import filecmp
+import glob
+import os
+import runpy
+import sys
+
+import cv2
+import numpy as np
+import pytest
+from cityscapesscripts.helpers.labels import labels as CITYSCAPES_LABELS
+from PIL import Image
+
+from psanet.data.mini_cityscapes import MARKER, generate
+
+ROOT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SIZE = (96, 48)  # (width, height): odd-ish, not the default, to catch width/height swaps
+NUM_TRAIN, NUM_VAL = 8, 4
+TRAIN_NAMES = [l.name for l in sorted(CITYSCAPES_LABELS, key=lambda l: l.trainId)
+               if 0 <= l.trainId < 255]
+
+
+def reference_train_ids(label_ids):
+    """label id -> train id straight from the official list, one pixel at a time."""
+    table = {l.id: (l.trainId if 0 <= l.trainId < 255 else 255) for l in CITYSCAPES_LABELS}
+    out = np.empty_like(label_ids)
+    for (i, j), value in np.ndenumerate(label_ids):
+        out[i, j] = table[int(value)]
+    return out
+
+
+def files(root, pattern):
+    return sorted(glob.glob(os.path.join(root, pattern)))
+
+
+def read_label(path):
+    return np.asarray(Image.open(path))
+
+
+@pytest.fixture(scope='module')
+def mini(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp('mini') / 'mini_cityscapes')
+    return root, generate(root, NUM_TRAIN, NUM_VAL, SIZE, seed=0)
+
+
+def test_paddleseg_cityscapes_reads_it(mini):
+    from paddleseg.datasets import Cityscapes
+    from paddleseg.transforms import Normalize
+    root, _ = mini
+    width, height = SIZE
+    for mode, count in (('train', NUM_TRAIN), ('val', NUM_VAL)):
+        dataset = Cityscapes(transforms=[Normalize()], dataset_root=root, mode=mode)
+        assert len(dataset) == count
+        for index in (0, count - 1):
+            sample = dataset[index]
+            image_path, label_path = dataset.file_list[index]
+            assert os.path.basename(label_path).split('_gtFine_')[0] == \
+                os.path.basename(image_path).split('_leftImg8bit')[0]
+            assert sample['img'].shape == (3, height, width)
+            label = sample['label'].reshape(height, width)
+            np.testing.assert_array_equal(label, read_label(label_path))
+
+
+def test_layout_and_names(mini):
+    root, summary = mini
+    for split, count in (('train', NUM_TRAIN), ('val', NUM_VAL)):
+        images = files(root, f'leftImg8bit/{split}/*/*_leftImg8bit.png')
+        assert len(images) == count == summary['splits'][split]['images']
+        for path in images:
+            city = os.path.basename(os.path.dirname(path))
+            stem = os.path.basename(path)[:-len('_leftImg8bit.png')]
+            parts = stem.split('_')
+            assert parts[0] == city and len(parts) == 3 and all(len(p) == 6 and p.isdigit()
+                                                                for p in parts[1:])
+            for suffix in ('labelIds', 'labelTrainIds', 'color'):
+                assert os.path.isfile(os.path.join(root, 'gtFine', split, city,
+                                                   f'{stem}_gtFine_{suffix}.png'))
+    assert os.path.isfile(os.path.join(root, MARKER))
+
+
+def test_label_ids_and_train_ids_agree_through_the_official_table(mini):
+    root, _ = mini
+    colors = {l.id: l.color for l in CITYSCAPES_LABELS}
+    for path in files(root, 'gtFine/*/*/*_gtFine_labelIds.png')[::3]:
+        label_ids = read_label(path)
+        train_ids = read_label(path.replace('_labelIds.png', '_labelTrainIds.png'))
+        assert label_ids.dtype == train_ids.dtype == np.uint8 and label_ids.ndim == 2
+        assert set(np.unique(label_ids)) <= set(colors)
+        np.testing.assert_array_equal(train_ids, reference_train_ids(label_ids))
+        color = np.asarray(Image.open(path.replace('_labelIds.png', '_color.png')).convert('RGB'))
+        for value in np.unique(label_ids):
+            assert (color[label_ids == value] == colors[int(value)]).all()
+
+
+def test_every_train_class_and_ignore_appear_in_train(mini):
+    root, summary = mini
+    seen = set()
+    for path in files(root, 'gtFine/train/*/*_gtFine_labelTrainIds.png'):
+        seen |= set(np.unique(read_label(path)).tolist())
+    assert seen == set(range(19)) | {255}
+    assert all(summary['splits']['train']['class_images'][name] > 0 for name in TRAIN_NAMES)
+
+
+def test_summary_matches_the_files(mini):
+    root, summary = mini
+    for split in ('train', 'val'):
+        histogram = np.zeros(256, np.int64)
+        for path in files(root, f'gtFine/{split}/*/*_gtFine_labelTrainIds.png'):
+            histogram += np.bincount(read_label(path).ravel(), minlength=256)
+        stats = summary['splits'][split]
+        assert histogram.sum() == stats['images'] * SIZE[0] * SIZE[1]
+        for train_id, name in enumerate(TRAIN_NAMES):
+            assert stats['class_pixels'][name] == pytest.approx(histogram[train_id] / histogram.sum())
+        assert stats['ignore_pixels'] == pytest.approx(histogram[255] / histogram.sum())
+
+
+def test_scenes_have_learnable_position_and_colour(mini):
+    """Sky above buildings above road, and colour plus row alone beat the majority class by far."""
+    root, _ = mini
+    rows = {name: [] for name in ('sky', 'building', 'road')}
+    pixels = {}
+    for split in ('train', 'val'):
+        features, targets = [], []
+        for path in files(root, f'leftImg8bit/{split}/*/*_leftImg8bit.png'):
+            label = read_label(path.replace('leftImg8bit', 'gtFine', 1).replace(
+                '_leftImg8bit.png', '_gtFine_labelTrainIds.png'))
+            image = cv2.cvtColor(cv2.imread(path), cv2.COLOR_BGR2RGB).astype(np.float64)
+            y = np.repeat(np.arange(SIZE[1])[:, None], SIZE[0], axis=1) * (255.0 / SIZE[1])
+            keep = label != 255
+            features.append(np.concatenate([image[keep], y[keep][:, None]], axis=1))
+            targets.append(label[keep])
+            for name in rows:
+                ys = np.nonzero(label == TRAIN_NAMES.index(name))[0]
+                if ys.size:
+                    rows[name].append(ys.mean())
+        pixels[split] = np.concatenate(features), np.concatenate(targets)
+    assert np.mean(rows['sky']) < np.mean(rows['building']) < np.mean(rows['road'])
+    (x_train, t_train), (x_val, t_val) = pixels['train'], pixels['val']
+    classes = np.unique(t_train)
+    centroids = np.stack([x_train[t_train == c].mean(0) for c in classes])
+    nearest = classes[np.argmin(((x_val[:, None] - centroids[None]) ** 2).sum(-1), axis=1)]
+    accuracy = (nearest == t_val).mean()
+    majority = np.bincount(t_val).max() / t_val.size
+    assert accuracy > majority + 0.15, (accuracy, majority)
+
+
+def test_same_seed_same_bytes_other_seed_other_images(tmp_path, mini):
+    def make(name, seed, num_train=2, num_val=1):
+        root = str(tmp_path / name)
+        generate(root, num_train, num_val, SIZE, seed=seed)
+        return root, [os.path.relpath(p, root) for p in files(root, '*/*/*/*.png')]
+
+    root_a, names_a = make('a', 3)
+    root_b, names_b = make('b', 3)
+    root_c, names_c = make('c', 4)
+    assert names_a == names_b == names_c and len(names_a) == 3 * 4
+    for name in names_a:
+        assert filecmp.cmp(os.path.join(root_a, name), os.path.join(root_b, name), shallow=False)
+    for name in names_a:
+        if 'leftImg8bit' in name:
+            assert not filecmp.cmp(os.path.join(root_a, name), os.path.join(root_c, name),
+                                   shallow=False)
+    # image i does not depend on how many are made: a smaller dataset is a prefix
+    root_d, names_d = make('d', 0)
+    for name in names_d:
+        assert filecmp.cmp(os.path.join(root_d, name), os.path.join(mini[0], name), shallow=False)
+
+
+def test_regenerating_replaces_and_other_datasets_are_kept(tmp_path):
+    root = str(tmp_path / 'mini')
+    generate(root, 3, 2, SIZE)
+    generate(root, 1, 1, SIZE)
+    assert len(files(root, 'leftImg8bit/*/*/*.png')) == 2
+    assert len(files(root, 'gtFine/*/*/*.png')) == 2 * 3
+    other = tmp_path / 'real'
+    (other / 'leftImg8bit' / 'train').mkdir(parents=True)
+    with pytest.raises(FileExistsError, match='leftImg8bit'):
+        generate(str(other), 1, 1, SIZE)
+
+
+@pytest.mark.parametrize('kwargs, match', [
+    ({'size': (16, 8)}, 'size'), ({'seed': -1}, 'seed'), ({'num_train': -2}, 'num_train'),
+    ({'cities': ['bad_name']}, 'cities')])
+def test_bad_arguments(tmp_path, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        generate(str(tmp_path / 'x'), **{'num_train': 1, 'num_val': 1, **kwargs})
+
+
+def test_command_line(tmp_path, monkeypatch, capsys):
+    out = str(tmp_path / 'cli')
+    monkeypatch.setattr(sys, 'argv', ['make_mini_cityscapes.py', '--out', out, '--num_train', '2',
+                                      '--num_val', '1', '--size', '64', '32', '--seed', '1'])
+    runpy.run_path(os.path.join(ROOT_DIR, 'tools', 'make_mini_cityscapes.py'), run_name='__main__')
+    printed = capsys.readouterr().out
+    assert '2 train images' in printed and '1 val images' in printed and 'traffic light' in printed
+    assert cv2.imread(files(out, 'leftImg8bit/val/*/*.png')[0]).shape == (32, 64, 3)
