@@ -5,34 +5,95 @@
 // are psa_type, mask_h and mask_w, so a graph saved with a dynamic H and W
 // runs at any size.
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+#include "paddle/common/enforce.h"
 #include "paddle/extension.h"
+#include "paddle/phi/core/dense_tensor.h"
 #include "psa_mask_kernel.h"
+
+namespace phi {
+namespace funcs {
+// Paddle's oneDNN-to-plain reorder, declared here rather than through
+// data_layout_transform.h, which needs oneDNN headers the wheel does not ship.
+// Weak: on a Paddle built without oneDNN the symbol is absent, its address is
+// null, and the library still loads.
+__attribute__((weak)) void TransDataLayoutFromOneDNN(DataLayout in_layout,
+                                                     DataLayout out_layout,
+                                                     const DenseTensor& in,
+                                                     DenseTensor* out, Place place,
+                                                     bool always_copy);
+}  // namespace funcs
+}  // namespace phi
+
+// Errors are Paddle's EnforceNotMet (InvalidArgument), not PD_CHECK's
+// PD_Exception: the inference executor keeps the message of the former only
+// (the latter reaches the user as a bare "std::exception"), and dygraph raises
+// it as a ValueError.
+#define PSA_MASK_CHECK(COND, ...)                                                  \
+  do {                                                                            \
+    if (!(COND)) {                                                                \
+      throw ::common::enforce::EnforceNotMet(                                     \
+          ::common::ErrorSummary(::common::ErrorCode::INVALID_ARGUMENT,           \
+                                 ::common::ErrorMessage(__VA_ARGS__).to_string()), \
+          __FILE__, __LINE__);                                                    \
+    }                                                                             \
+  } while (0)
 
 namespace {
 
+void check_attrs(int psa_type, int mask_h, int mask_w) {
+  PSA_MASK_CHECK(psa_type == psa_mask::kCollect || psa_type == psa_mask::kDistribute,
+                 "psa_mask: psa_type must be 0 (collect) or 1 (distribute), got ",
+                 psa_type, ".");
+  PSA_MASK_CHECK(mask_h >= 1 && mask_w >= 1,
+                 "psa_mask: mask_h and mask_w must be >= 1, got ", mask_h, "x", mask_w,
+                 ".");
+}
+
+void check_shape(const std::vector<int64_t>& shape, int mask_h, int mask_w) {
+  PSA_MASK_CHECK(shape.size() == 4,
+                 "psa_mask: x must be 4-D [N, mask_h*mask_w, H, W], got rank ",
+                 shape.size(), ".");
+  // -1: a channel count unknown while the graph is built, checked again at run time.
+  PSA_MASK_CHECK(shape[1] < 0 || shape[1] == static_cast<int64_t>(mask_h) * mask_w,
+                 "psa_mask: x must have mask_h*mask_w = ", mask_h, "*", mask_w, " = ",
+                 static_cast<int64_t>(mask_h) * mask_w, " channels, got ", shape[1],
+                 ".");
+}
+
 void check_inputs(const paddle::Tensor& x, int psa_type, int mask_h, int mask_w) {
-  PD_CHECK(psa_type == psa_mask::kCollect || psa_type == psa_mask::kDistribute,
-           "psa_mask: psa_type must be 0 (collect) or 1 (distribute), got ",
-           psa_type, ".");
-  PD_CHECK(mask_h >= 1 && mask_w >= 1,
-           "psa_mask: mask_h and mask_w must be >= 1, got ", mask_h, "x", mask_w,
-           ".");
-  PD_CHECK(x.layout() != phi::DataLayout::ONEDNN,
-           "psa_mask: the input is in oneDNN layout, which this op cannot read. "
-           "Disable oneDNN for the predictor (config.disable_mkldnn()) or use "
-           "psanet.deploy.create_predictor, which does so.");
-  const auto shape = x.shape();
-  PD_CHECK(shape.size() == 4,
-           "psa_mask: x must be 4-D [N, mask_h*mask_w, H, W], got rank ",
-           shape.size(), ".");
-  PD_CHECK(shape[1] == static_cast<int64_t>(mask_h) * mask_w,
-           "psa_mask: x must have mask_h*mask_w = ", mask_h * mask_w,
-           " channels, got ", shape[1], ".");
+  check_attrs(psa_type, mask_h, mask_w);
+  check_shape(x.shape(), mask_h, mask_w);
+}
+
+// The CPU inference predictor runs the ops around this one in oneDNN and, unlike
+// for built-in ops, inserts no reorder before a custom op: its input may arrive
+// in a blocked oneDNN layout. Reorder it to plain NCHW here.
+paddle::Tensor to_plain_layout(const paddle::Tensor& x) {
+  if (x.layout() != phi::DataLayout::ONEDNN) return x;
+  const auto* dense = dynamic_cast<const phi::DenseTensor*>(x.impl().get());
+  PSA_MASK_CHECK(dense != nullptr && &phi::funcs::TransDataLayoutFromOneDNN != nullptr,
+                 "psa_mask: the input is in oneDNN layout and this Paddle offers no "
+                 "reorder for it. Disable oneDNN for the predictor "
+                 "(config.disable_mkldnn()).");
+  auto plain = std::make_shared<phi::DenseTensor>();
+  phi::funcs::TransDataLayoutFromOneDNN(phi::DataLayout::ONEDNN, phi::DataLayout::NCHW,
+                                        *dense, plain.get(), phi::CPUPlace(),
+                                        /*always_copy=*/false);
+  return paddle::Tensor(plain);
 }
 
 psa_mask::Geometry geometry_of(const paddle::Tensor& x, int mask_h, int mask_w) {
@@ -54,86 +115,204 @@ int thread_count(int64_t units, int64_t elements) {
   return std::max(threads, 1);
 }
 
-// Runs fn(unit) for unit in [0, units), split in contiguous chunks over threads.
+// Runs fn(begin, end) over [0, units) split in contiguous ranges, one per thread,
+// so that each thread sets up its scratch once.
 template <typename Fn>
 void parallel_for(int64_t units, int64_t elements, const Fn& fn) {
   const int threads = thread_count(units, elements);
   if (threads <= 1) {
-    for (int64_t unit = 0; unit < units; ++unit) fn(unit);
+    fn(int64_t{0}, units);
     return;
   }
   std::vector<std::thread> pool;
   pool.reserve(threads - 1);
-  auto run_chunk = [&](int t) {
-    const int64_t begin = units * t / threads;
-    const int64_t end = units * (t + 1) / threads;
-    for (int64_t unit = begin; unit < end; ++unit) fn(unit);
-  };
-  for (int t = 1; t < threads; ++t) pool.emplace_back(run_chunk, t);
-  run_chunk(0);
+  auto run_range = [&](int t) { fn(units * t / threads, units * (t + 1) / threads); };
+  for (int t = 1; t < threads; ++t) pool.emplace_back(run_range, t);
+  run_range(0);
   for (auto& thread : pool) thread.join();
 }
 
-// Forward. A work unit is the block of W rows of Y whose row position has
-// height h: it is zeroed while it sits in cache, then each window cell writes
-// one run along w, reading x contiguously. Units never share output memory.
+// Outputs at least this large go out with non-temporal stores: they cannot
+// stay in cache for the next op anyway, and streaming skips reading every
+// line before it is overwritten.
+constexpr int64_t kStreamBytes = int64_t{16} << 20;
+
+template <typename T>
+bool stream_output(int64_t numel, int64_t feature_w) {
+  // Rows shorter than a cache line would leave partial lines.
+  return numel * static_cast<int64_t>(sizeof(T)) >= kStreamBytes &&
+         feature_w * static_cast<int64_t>(sizeof(T)) >= 64;
+}
+
+template <typename T>
+void copy_out(T* dst, const T* src, int64_t n, bool stream) {
+#if defined(__SSE2__)
+  if (stream && (sizeof(T) == 4 || sizeof(T) == 8)) {
+    int64_t k = 0;
+    for (; k < n && (reinterpret_cast<uintptr_t>(dst + k) & 15); ++k) dst[k] = src[k];
+    constexpr int64_t kLanes = 16 / sizeof(T);
+    for (; k + kLanes <= n; k += kLanes) {
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + k),
+                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + k)));
+    }
+    for (; k < n; ++k) dst[k] = src[k];
+    return;
+  }
+#endif
+  std::copy(src, src + n, dst);
+}
+
+// Streaming stores are weakly ordered: fence before the thread reports done.
+inline void stream_fence(bool stream) {
+#if defined(__SSE2__)
+  if (stream) _mm_sfence();
+#endif
+}
+
+// A large output is fresh memory from the allocator, and faulting it in 4 KiB
+// pages can cost more than the kernel itself: ask for 2 MiB pages. A hint
+// only; without transparent huge pages nothing changes.
+constexpr int64_t kHugePageBytes = int64_t{2} << 20;
+
+inline void advise_huge_pages(void* data, int64_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  if (bytes < 4 * kHugePageBytes) return;
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + kHugePageBytes - 1) &
+                          ~static_cast<uintptr_t>(kHugePageBytes - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes) &
+                        ~static_cast<uintptr_t>(kHugePageBytes - 1);
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+#endif
+}
+
+// Rows read ahead of use. The kernels read rows of W values lying H*W apart,
+// a stride the hardware prefetcher does not follow.
+constexpr int64_t kPrefetchRows = 8;
+
+template <typename T>
+inline void prefetch_row(const T* row, int64_t n) {
+  const char* begin = reinterpret_cast<const char*>(row);
+  const char* end = reinterpret_cast<const char*>(row + n);
+  for (const char* line = begin; line < end; line += 64) __builtin_prefetch(line);
+}
+
+// Y[n] is cut into W x W tiles; tile (r, c) holds rows r*W.. and columns c*W..
+// and depends on one window row i only, whose mask_w x-rows it reads in full.
+//   collect:    Y row q = (r, u), column p = (c, v), i = r - c + half_h,
+//               tile[u][v] = x[(i, u - v + half_w), c, v]
+//   distribute: Y row p = (r, u), column q = (c, v), i = c - r + half_h,
+//               tile[u][v] = x[(i, v - u + half_w), r, u]
+// The backward reads the same tile of grad_y back into the same x rows.
+struct Tile {
+  int64_t i;       // window row, or out of [0, mask_h) for an all-zero tile
+  int64_t x_row;   // the row h of x the tile reads (collect: c, distribute: r)
+};
+
+inline Tile tile_of(const psa_mask::Geometry& g, bool collect, int64_t r, int64_t c) {
+  return collect ? Tile{r - c + g.half_h, c} : Tile{c - r + g.half_h, r};
+}
+
+// Index in the tile of the entry that window column j and x column w map to:
+// collect tile[w + j - half_w][w], distribute tile[w][w + j - half_w].
+inline int64_t tile_offset(const psa_mask::Geometry& g, bool collect, int64_t j) {
+  const int64_t shift = j - g.half_w;
+  return collect ? shift * g.feature_w : shift;
+}
+
+// x columns w whose cell j stays on the map: [first_column, end_column), both
+// in [0, W] (empty where the window is wider than the map).
+inline int64_t first_column(const psa_mask::Geometry& g, int64_t j) {
+  return std::min(std::max<int64_t>(0, g.half_w - j), g.feature_w);
+}
+inline int64_t end_column(const psa_mask::Geometry& g, int64_t j) {
+  return std::max(std::min(g.feature_w, g.feature_w + g.half_w - j), first_column(g, j));
+}
+
+// Forward. A work unit is the block of W rows of Y[n] at row position r (W*H*W
+// contiguous values): each tile is built in cache, x rows read whole and in
+// order, then written out row by row. Units never share output memory.
 template <typename T>
 void psa_mask_forward_cpu(const T* x, T* y, const psa_mask::Geometry& g, int psa_type) {
   const int64_t H = g.feature_h, W = g.feature_w, hw = g.positions();
   const bool collect = psa_type == psa_mask::kCollect;
-  parallel_for(g.num * H, g.y_numel(), [&](int64_t unit) {
-    const int64_t n = unit / H, h = unit - n * H;
-    T* y_block = y + (n * hw + h * W) * hw;
-    std::fill(y_block, y_block + W * hw, static_cast<T>(0));
-    const T* x_n = x + n * g.mask_h * g.mask_w * hw;
-    for (int64_t i = 0; i < g.mask_h; ++i) {
-      // collect: the row is q = (h, w) and x sits at p = q - offset;
-      // distribute: the row is p = (h, w) and the column is q = p + offset.
-      const int64_t dh = collect ? g.half_h - i : i - g.half_h;
-      const int64_t other_h = h + dh;
-      if (other_h < 0 || other_h >= H) continue;
-      for (int64_t j = 0; j < g.mask_w; ++j) {
-        const int64_t dw = collect ? g.half_w - j : j - g.half_w;
-        const int64_t w_begin = std::max<int64_t>(0, -dw);
-        const int64_t w_end = std::min<int64_t>(W, W - dw);
-        const T* x_k = x_n + (i * g.mask_w + j) * hw;
-        const T* source = collect ? x_k + other_h * W + dw : x_k + h * W;
-        T* target = y_block + other_h * W + dw;
-        for (int64_t w = w_begin; w < w_end; ++w) target[w * hw + w] = source[w];
+  const bool stream = stream_output<T>(g.y_numel(), W);
+  advise_huge_pages(y, g.y_numel() * static_cast<int64_t>(sizeof(T)));
+  parallel_for(g.num * H, g.y_numel(), [&](int64_t begin, int64_t end) {
+    std::vector<T> tile(W * W);
+    for (int64_t unit = begin; unit < end; ++unit) {
+      const int64_t n = unit / H, r = unit - n * H;
+      T* y_rows = y + (n * hw + r * W) * hw;
+      for (int64_t c = 0; c < H; ++c) {
+        std::fill(tile.begin(), tile.end(), static_cast<T>(0));
+        const Tile t = tile_of(g, collect, r, c);
+        if (t.i >= 0 && t.i < g.mask_h) {
+          const T* x_rows = x + ((n * g.mask_h + t.i) * g.mask_w * H + t.x_row) * W;
+          for (int64_t j = 0; j < std::min(kPrefetchRows, g.mask_w); ++j) {
+            prefetch_row(x_rows + j * hw, W);
+          }
+          for (int64_t j = 0; j < g.mask_w; ++j) {
+            if (j + kPrefetchRows < g.mask_w) {
+              prefetch_row(x_rows + (j + kPrefetchRows) * hw, W);
+            }
+            const T* source = x_rows + j * hw;
+            const int64_t offset = tile_offset(g, collect, j);
+            const int64_t w_end = end_column(g, j);
+            for (int64_t w = first_column(g, j); w < w_end; ++w) {
+              tile[offset + w * (W + 1)] = source[w];
+            }
+          }
+        }
+        for (int64_t u = 0; u < W; ++u) {
+          copy_out(y_rows + u * hw + c * W, tile.data() + u * W, W, stream);
+        }
       }
     }
+    stream_fence(stream);
   });
 }
 
-// Backward: the matching gather. A work unit is row h of every channel of
-// grad_x (one sample); cells pointing off the map get 0.
+// Backward: the matching gather. A work unit is x row b of the channels of
+// window row i (one sample): its tile of grad_y is copied into cache (whole
+// rows, in order), then each channel's row is read off its diagonal. Cells
+// pointing off the map get 0.
 template <typename T>
 void psa_mask_backward_cpu(const T* grad_y, T* grad_x, const psa_mask::Geometry& g,
                            int psa_type) {
   const int64_t H = g.feature_h, W = g.feature_w, hw = g.positions();
   const bool collect = psa_type == psa_mask::kCollect;
-  parallel_for(g.num * H, g.x_numel(), [&](int64_t unit) {
-    const int64_t n = unit / H, h = unit - n * H;
-    const T* grad_y_n = grad_y + n * hw * hw;
-    for (int64_t i = 0; i < g.mask_h; ++i) {
-      const int64_t qh = h + i - g.half_h;
+  const bool stream = stream_output<T>(g.x_numel(), W);
+  advise_huge_pages(grad_x, g.x_numel() * static_cast<int64_t>(sizeof(T)));
+  parallel_for(g.num * g.mask_h * H, g.x_numel(), [&](int64_t begin, int64_t end) {
+    std::vector<T> tile(W * W), row(W);
+    for (int64_t unit = begin; unit < end; ++unit) {
+      const int64_t n = unit / (g.mask_h * H);
+      const int64_t i = unit / H - n * g.mask_h;
+      const int64_t b = unit - unit / H * H;
+      // The other end of the cells: row qh of the map, maybe off it.
+      const int64_t qh = b + i - g.half_h;
+      T* out = grad_x + ((n * g.mask_h + i) * g.mask_w * H + b) * W;
+      if (qh < 0 || qh >= H) {
+        std::fill(row.begin(), row.end(), static_cast<T>(0));
+        for (int64_t j = 0; j < g.mask_w; ++j) copy_out(out + j * hw, row.data(), W, stream);
+        continue;
+      }
+      const int64_t r = collect ? qh : b, c = collect ? b : qh;
+      const T* source = grad_y + (n * hw + r * W) * hw + c * W;
+      for (int64_t u = 0; u < std::min(kPrefetchRows, W); ++u) prefetch_row(source + u * hw, W);
+      for (int64_t u = 0; u < W; ++u) {
+        if (u + kPrefetchRows < W) prefetch_row(source + (u + kPrefetchRows) * hw, W);
+        std::copy(source + u * hw, source + u * hw + W, tile.begin() + u * W);
+      }
       for (int64_t j = 0; j < g.mask_w; ++j) {
-        T* row = grad_x + ((n * g.mask_h * g.mask_w + i * g.mask_w + j) * H + h) * W;
-        if (qh < 0 || qh >= H) {
-          std::fill(row, row + W, static_cast<T>(0));
-          continue;
-        }
-        const int64_t dw = j - g.half_w;
-        const int64_t w_begin = std::max<int64_t>(0, -dw);
-        const int64_t w_end = std::min<int64_t>(W, W - dw);
-        std::fill(row, row + w_begin, static_cast<T>(0));
-        std::fill(row + w_end, row + W, static_cast<T>(0));
-        // Y[q, p] (collect) or Y[p, q] (distribute), p = (h, w), q = (qh, w + dw).
-        const T* source = collect ? grad_y_n + (qh * W + dw) * hw + h * W
-                                  : grad_y_n + h * W * hw + qh * W + dw;
-        for (int64_t w = w_begin; w < w_end; ++w) row[w] = source[w * hw + w];
+        const int64_t offset = tile_offset(g, collect, j);
+        const int64_t w_begin = first_column(g, j), w_end = end_column(g, j);
+        std::fill(row.begin(), row.begin() + w_begin, static_cast<T>(0));
+        std::fill(row.begin() + w_end, row.end(), static_cast<T>(0));
+        for (int64_t w = w_begin; w < w_end; ++w) row[w] = tile[offset + w * (W + 1)];
+        copy_out(out + j * hw, row.data(), W, stream);
       }
     }
+    stream_fence(stream);
   });
 }
 
@@ -142,10 +321,20 @@ void psa_mask_backward_cpu(const T* grad_y, T* grad_x, const psa_mask::Geometry&
 #ifdef PADDLE_WITH_CUDA
 std::vector<paddle::Tensor> psa_mask_cuda_forward(const paddle::Tensor& x, int psa_type,
                                                   int mask_h, int mask_w);
-std::vector<paddle::Tensor> psa_mask_cuda_backward(const paddle::Tensor& x,
-                                                   const paddle::Tensor& grad_y,
+std::vector<paddle::Tensor> psa_mask_cuda_backward(const paddle::Tensor& grad_y,
                                                    int psa_type, int mask_h, int mask_w);
 #endif
+
+namespace {
+
+void check_cpu(const paddle::Tensor& x) {
+  PSA_MASK_CHECK(x.is_cpu(), "psa_mask: unsupported place; the op runs on CPU and GPU.");
+  PSA_MASK_CHECK(x.dtype() == phi::DataType::FLOAT32 || x.dtype() == phi::DataType::FLOAT64,
+                 "psa_mask: the CPU kernel takes float32 or float64, got ", x.dtype(),
+                 "; cast the input with astype('float32').");
+}
+
+}  // namespace
 
 std::vector<paddle::Tensor> PsaMaskForward(const paddle::Tensor& x, int psa_type,
                                            int mask_h, int mask_w) {
@@ -154,57 +343,74 @@ std::vector<paddle::Tensor> PsaMaskForward(const paddle::Tensor& x, int psa_type
 #ifdef PADDLE_WITH_CUDA
     return psa_mask_cuda_forward(x, psa_type, mask_h, mask_w);
 #else
-    PD_THROW("psa_mask: the op library was built without CUDA; rebuild it on a "
-             "CUDA machine with paddlepaddle-gpu (python setup.py install).");
+    PSA_MASK_CHECK(false, "psa_mask: the op library was built without CUDA; rebuild it "
+                          "with paddlepaddle-gpu installed (pip install "
+                          "--no-build-isolation .).");
 #endif
   }
-  PD_CHECK(x.is_cpu(), "psa_mask: unsupported place; the op runs on CPU and GPU.");
-  const auto g = geometry_of(x, mask_h, mask_w);
-  const auto input = x.contiguous();
+  check_cpu(x);
+  const auto input = to_plain_layout(x).contiguous();
+  const auto g = geometry_of(input, mask_h, mask_w);
   auto y = paddle::empty({g.num, g.positions(), g.feature_h, g.feature_w}, x.dtype(),
                          paddle::CPUPlace());
-  PD_DISPATCH_FLOATING_TYPES(x.type(), "psa_mask_forward_cpu", ([&] {
-                               psa_mask_forward_cpu<data_t>(input.data<data_t>(),
-                                                            y.data<data_t>(), g,
-                                                            psa_type);
-                             }));
+  if (x.dtype() == phi::DataType::FLOAT32) {
+    psa_mask_forward_cpu<float>(input.data<float>(), y.data<float>(), g, psa_type);
+  } else {
+    psa_mask_forward_cpu<double>(input.data<double>(), y.data<double>(), g, psa_type);
+  }
   return {y};
 }
 
-std::vector<paddle::Tensor> PsaMaskBackward(const paddle::Tensor& x,
-                                            const paddle::Tensor& grad_y, int psa_type,
+// The backward reads N, H and W off grad_y [N, H*W, H, W]: needing no x, it
+// lets Paddle free the (often large) input after the forward.
+std::vector<paddle::Tensor> PsaMaskBackward(const paddle::Tensor& grad_y, int psa_type,
                                             int mask_h, int mask_w) {
-  check_inputs(x, psa_type, mask_h, mask_w);
-  if (x.is_gpu()) {
+  check_attrs(psa_type, mask_h, mask_w);
+  const auto shape = grad_y.shape();
+  PSA_MASK_CHECK(shape.size() == 4 && shape[1] == shape[2] * shape[3],
+                 "psa_mask: the output gradient must be [N, H*W, H, W], got rank ",
+                 shape.size(), ".");
+  if (grad_y.is_gpu()) {
 #ifdef PADDLE_WITH_CUDA
-    return psa_mask_cuda_backward(x, grad_y, psa_type, mask_h, mask_w);
+    return psa_mask_cuda_backward(grad_y, psa_type, mask_h, mask_w);
 #else
-    PD_THROW("psa_mask: the op library was built without CUDA.");
+    PSA_MASK_CHECK(false, "psa_mask: the op library was built without CUDA.");
 #endif
   }
-  const auto g = geometry_of(x, mask_h, mask_w);
-  PD_CHECK(grad_y.numel() == g.y_numel(), "psa_mask: the output gradient has ",
-           grad_y.numel(), " elements, expected ", g.y_numel(), ".");
-  const auto grad_out = grad_y.contiguous();
-  auto grad_x = paddle::empty(x.shape(), x.dtype(), paddle::CPUPlace());
-  PD_DISPATCH_FLOATING_TYPES(x.type(), "psa_mask_backward_cpu", ([&] {
-                               psa_mask_backward_cpu<data_t>(grad_out.data<data_t>(),
-                                                             grad_x.data<data_t>(), g,
-                                                             psa_type);
-                             }));
+  check_cpu(grad_y);
+  const auto g = psa_mask::make_geometry(shape[0], shape[2], shape[3], mask_h, mask_w);
+  const auto grad_out = to_plain_layout(grad_y).contiguous();
+  auto grad_x = paddle::empty({g.num, g.mask_h * g.mask_w, g.feature_h, g.feature_w},
+                              grad_y.dtype(), paddle::CPUPlace());
+  if (grad_y.dtype() == phi::DataType::FLOAT32) {
+    psa_mask_backward_cpu<float>(grad_out.data<float>(), grad_x.data<float>(), g,
+                                 psa_type);
+  } else {
+    psa_mask_backward_cpu<double>(grad_out.data<double>(), grad_x.data<double>(), g,
+                                  psa_type);
+  }
   return {grad_x};
 }
 
 std::vector<std::vector<int64_t>> PsaMaskInferShape(const std::vector<int64_t>& x_shape,
                                                     int psa_type, int mask_h,
                                                     int mask_w) {
-  PD_CHECK(x_shape.size() == 4,
-           "psa_mask: x must be 4-D [N, mask_h*mask_w, H, W], got rank ",
-           x_shape.size(), ".");
+  check_attrs(psa_type, mask_h, mask_w);
+  check_shape(x_shape, mask_h, mask_w);
   const int64_t h = x_shape[2], w = x_shape[3];
   // An unknown H or W (-1, a dynamic export) keeps H*W unknown: -1 * -1 is not -1.
   const int64_t positions = (h < 0 || w < 0) ? -1 : h * w;
   return {{x_shape[0], positions, h, w}};
+}
+
+std::vector<std::vector<int64_t>> PsaMaskGradInferShape(
+    const std::vector<int64_t>& grad_y_shape, int psa_type, int mask_h, int mask_w) {
+  check_attrs(psa_type, mask_h, mask_w);
+  PSA_MASK_CHECK(grad_y_shape.size() == 4,
+                 "psa_mask: the output gradient must be 4-D [N, H*W, H, W], got rank ",
+                 grad_y_shape.size(), ".");
+  return {{grad_y_shape[0], static_cast<int64_t>(mask_h) * mask_w, grad_y_shape[2],
+           grad_y_shape[3]}};
 }
 
 std::vector<paddle::DataType> PsaMaskInferDtype(const paddle::DataType& x_dtype) {
@@ -220,7 +426,9 @@ PD_BUILD_OP(psa_mask)
     .SetInferDtypeFn(PD_INFER_DTYPE(PsaMaskInferDtype));
 
 PD_BUILD_GRAD_OP(psa_mask)
-    .Inputs({"X", paddle::Grad("Out")})
+    .Inputs({paddle::Grad("Out")})
     .Outputs({paddle::Grad("X")})
     .Attrs({"psa_type: int", "mask_h: int", "mask_w: int"})
-    .SetKernelFn(PD_KERNEL(PsaMaskBackward));
+    .SetKernelFn(PD_KERNEL(PsaMaskBackward))
+    .SetInferShapeFn(PD_INFER_SHAPE(PsaMaskGradInferShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(PsaMaskInferDtype));

@@ -11,9 +11,12 @@ Parsing", ECCV 2018). Two implementations compute the same thing:
   the op library is not available.
 """
 import contextlib
+import numbers
 
 import paddle
 import paddle.nn as nn
+
+from .loader import load_library
 
 __all__ = ['psa_mask', 'PSAMask', 'psa_mask_paddle', 'psa_impl', 'PSA_TYPES']
 
@@ -44,25 +47,34 @@ def _check_impl(impl):
         raise ValueError(f"psa_mask: impl must be one of {_IMPLS}, got {impl!r}.")
 
 
+def _is_int(value):
+    # numpy integers count; bools are ints to Python but never a size or a type here.
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def normalize_psa_type(psa_type):
     """``'collect'``/``'distribute'`` or 0/1 -> 0/1."""
     if isinstance(psa_type, str) and psa_type.lower() in PSA_TYPES:
         return PSA_TYPES[psa_type.lower()]
-    if isinstance(psa_type, int) and not isinstance(psa_type, bool) \
-            and psa_type in _TYPE_NAMES:
-        return psa_type
+    if _is_int(psa_type) and int(psa_type) in _TYPE_NAMES:
+        return int(psa_type)
     raise ValueError(f"psa_mask: psa_type must be 'collect' (0) or 'distribute' (1), "
                      f"got {psa_type!r}.")
 
 
 def normalize_mask_size(mask_size):
     """An int or a pair ``(mask_h, mask_w)`` -> ``(mask_h, mask_w)``, each >= 1."""
-    size = (mask_size, mask_size) if isinstance(mask_size, int) else tuple(mask_size)
-    if len(size) != 2 or not all(isinstance(s, int) and not isinstance(s, bool)
-                                 for s in size) or min(size) < 1:
+    if _is_int(mask_size):
+        size = (mask_size, mask_size)
+    elif isinstance(mask_size, (tuple, list)):
+        size = tuple(mask_size)
+    else:
+        size = None
+    if size is None or len(size) != 2 or not all(_is_int(s) for s in size) \
+            or min(size) < 1:
         raise ValueError(f'psa_mask: mask_size must be an int >= 1 or a pair of them '
                          f'(mask_h, mask_w), got {mask_size!r}.')
-    return size
+    return int(size[0]), int(size[1])
 
 
 def _check_input(x, mask_h, mask_w):
@@ -79,6 +91,16 @@ def _check_input(x, mask_h, mask_w):
                          'cast it with x.astype("float32").')
 
 
+def _check_custom_place(x):
+    # The CPU kernels are float32/float64 only; say so before C++ does.
+    if paddle.in_dynamic_mode() and x.place.is_cpu_place() \
+            and x.dtype not in (paddle.float32, paddle.float64):
+        raise ValueError(f'psa_mask: the CPU kernel takes float32 or float64, got '
+                         f'{x.dtype}; cast it with x.astype("float32") or pass '
+                         "impl='paddle'.")
+
+
+@paddle.jit.not_to_static
 def psa_mask(x, psa_type, mask_size, impl=None):
     """Spreads local attention over a window into a dense point-wise attention map.
 
@@ -100,11 +122,11 @@ def psa_mask(x, psa_type, mask_size, impl=None):
     psa_type = normalize_psa_type(psa_type)
     mask_h, mask_w = normalize_mask_size(mask_size)
     impl = _default_impl if impl is None else impl
-    _check_input(x, mask_h, mask_w)
     _check_impl(impl)
+    _check_input(x, mask_h, mask_w)
     if impl == 'paddle':
-        return psa_mask_paddle(x, psa_type, mask_h, mask_w)
-    from .loader import load_library
+        return _psa_mask_gather(x, psa_type, mask_h, mask_w)
+    _check_custom_place(x)
     load_library()
     if paddle.framework.in_dynamic_or_pir_mode():
         return paddle._C_ops._run_custom_op('psa_mask', x, psa_type, mask_h, mask_w)[0]
@@ -116,32 +138,50 @@ def psa_mask(x, psa_type, mask_size, impl=None):
     return out
 
 
+@paddle.jit.not_to_static
 def psa_mask_paddle(x, psa_type, mask_h, mask_w):
     """``psa_mask`` written with standard Paddle ops (exportable, differentiable).
 
     Each output entry gathers its source from ``x`` through an index map built
     from the (possibly dynamic) H and W; entries outside the window gather a
-    zero appended to ``x``. Memory: an int32 index of ``(H*W)**2`` entries.
+    zero appended to ``x``. Memory: an int32 index of ``(H*W)**2`` entries, so
+    ``mask_h * mask_w * H * W`` must stay below ``2**30``.
     """
     psa_type = normalize_psa_type(psa_type)
+    mask_h, mask_w = normalize_mask_size((mask_h, mask_w))
+    _check_input(x, mask_h, mask_w)
+    return _psa_mask_gather(x, psa_type, mask_h, mask_w)
+
+
+def _psa_mask_gather(x, psa_type, mask_h, mask_w):
+    # The index of Y[n] is built as [H, W, H, W] (row position a = (a_h, a_w),
+    # column b = (b_h, b_w)) from per-axis pieces of size H*H and W*W, so that
+    # only two ops besides the gather run over all (H*W)**2 entries.
     shape = paddle.shape(x)
     h, w = shape[2], shape[3]
-    positions = h * w
-    index = paddle.arange(positions, dtype='int32')
-    rows = index.unsqueeze(1)   # a in Y[n, a, b]
-    cols = index.unsqueeze(0)   # b
-    p, q = (cols, rows) if psa_type == 0 else (rows, cols)
-    w32 = w.astype('int32')
-    i = q // w32 - p // w32 + (mask_h - 1) // 2
-    j = q % w32 - p % w32 + (mask_w - 1) // 2
-    valid = (i >= 0) & (i < mask_h) & (j >= 0) & (j < mask_w)
-    positions32 = positions.astype('int32')
-    source = (i * mask_w + j) * positions32 + p
-    zero_slot = paddle.full_like(source, mask_h * mask_w) * positions32
-    source = paddle.where(valid, source, zero_slot).reshape([-1])
+    positions = (h * w).astype('int32')
+    along_h = paddle.arange(h, dtype='int32')
+    along_w = paddle.arange(w, dtype='int32')
+    a_h, a_w = along_h.reshape([-1, 1, 1, 1]), along_w.reshape([1, -1, 1, 1])
+    b_h, b_w = along_h.reshape([1, 1, -1, 1]), along_w.reshape([1, 1, 1, -1])
+    # collect: Y[q, p]; distribute: Y[p, q]; x sits at p, cell (i, j) at q - p.
+    (qh, qw, ph, pw) = (a_h, a_w, b_h, b_w) if psa_type == 0 else (b_h, b_w, a_h, a_w)
+    i = qh - ph + (mask_h - 1) // 2
+    j = qw - pw + (mask_w - 1) // 2
+    # Invalid entries gather the zero appended after x's mask_h*mask_w channels.
+    # Each piece is that slot where its cell is off the window, so a sum of
+    # pieces is at least the slot exactly where the entry is invalid (valid
+    # sources stay below it); int32 holds 2 * mask_h * mask_w * H * W.
+    zero_slot = positions * (mask_h * mask_w)
+    valid_i = ((i >= 0) & (i < mask_h)).astype('int32')
+    valid_j = ((j >= 0) & (j < mask_w)).astype('int32')
+    source_i = zero_slot + valid_i * (i * mask_w * positions + ph * w.astype('int32')
+                                      - zero_slot)
+    source_j = zero_slot + valid_j * (j * positions + pw - zero_slot)
+    source = paddle.minimum(source_i + source_j, zero_slot)
     flat = x.reshape([0, -1])
-    flat = paddle.concat([flat, paddle.zeros_like(flat[:, :1])], axis=1)
-    y = paddle.gather(flat, source, axis=1)
+    flat = paddle.concat([flat, paddle.zeros([shape[0], 1], x.dtype)], axis=1)
+    y = paddle.gather(flat, source.reshape([-1]), axis=1)
     return y.reshape([0, -1, h, w]) if not paddle.in_dynamic_mode() else \
         y.reshape([x.shape[0], -1, x.shape[2], x.shape[3]])
 

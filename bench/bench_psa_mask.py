@@ -1,0 +1,185 @@
+"""CPU speed of the PSA mask op at the Cityscapes shapes, side by side in one run.
+
+For each shape it times the custom op ('custom') and the pure-Paddle form
+('paddle'), forward and backward, beside the memory-bound limit: writing an
+output of the same size once with ``paddle.full``. Prints a markdown table of
+medians and ratios.
+
+    python bench/bench_psa_mask.py [--repeats 5] [--psa-type collect] [--budget-gib 20]
+
+A cell that would need more memory than the budget (or than the machine has
+free), or whose single call would run past ``--max-seconds``, is skipped with
+the reason printed under the table.
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import paddle  # noqa: E402
+
+from psanet.ops import load_library, psa_mask  # noqa: E402
+
+# (mask size, feature H, feature W): PSANet's two Cityscapes settings,
+# 1/8 of 256x512 and of 512x1024 crops.
+SHAPES = [(59, 32, 64), (97, 64, 128)]
+BATCHES = [1, 8]
+GIB = 1 << 30
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--repeats', type=int, default=5,
+                        help='timed calls per measurement (median); default 5')
+    parser.add_argument('--psa-type', default='collect', choices=['collect', 'distribute'])
+    parser.add_argument('--budget-gib', type=float, default=20.0,
+                        help='skip cells whose estimated peak memory exceeds this')
+    parser.add_argument('--max-seconds', type=float, default=60.0,
+                        help='skip a measurement whose single call would take longer')
+    return parser.parse_args()
+
+
+def available_bytes():
+    try:
+        with open('/proc/meminfo') as f:
+            for line in f:
+                if line.startswith('MemAvailable:'):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def peak_bytes(impl, direction, num, mask, positions):
+    """Rough peak memory of one measurement (float32), from what it allocates."""
+    x = 4 * num * mask * mask * positions
+    y = 4 * num * positions * positions
+    if impl == 'limit':
+        return y
+    # paddle.grad copies grad_outputs before running the grad op.
+    backward = 2 * y + x if direction == 'backward' else 0
+    if impl == 'custom':
+        return x + y + backward
+    # The pure-Paddle form: an int32 (H*W)^2 index and its temporaries, and
+    # x flattened with one zero appended.
+    index = 8 * 4 * positions * positions
+    return 2 * x + y + index + backward
+
+
+def time_calls(fn, repeats, max_seconds):
+    """Median seconds of fn() over repeats calls after one warm-up call.
+
+    A warm-up call slower than a tenth of max_seconds stands as the only sample.
+    """
+    start = time.perf_counter()
+    fn()
+    first = time.perf_counter() - start
+    if first > max_seconds / 10:
+        return first, 1
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples), repeats
+
+
+def measure_cell(args, mask, height, width, num, notes, estimates):
+    """Times of one table row, in seconds (None where skipped)."""
+    positions = height * width
+    budget = args.budget_gib * GIB
+    free = available_bytes()
+    if free is not None:
+        budget = min(budget, 0.8 * free)
+    label = f'{mask}x{mask} on {height}x{width}, N={num}'
+    times = {}
+
+    def run(key, impl, direction, fn):
+        need = peak_bytes(impl, direction, num, mask, positions)
+        if need > budget:
+            notes.append(f'{label}, {key}: skipped, needs about {need / GIB:.1f} GiB, '
+                         f'budget {budget / GIB:.1f} GiB.')
+            times[key] = None
+            return
+        guess = estimates.get((mask, key))
+        if guess is not None and guess * num > args.max_seconds:
+            notes.append(f'{label}, {key}: skipped, N=1 took {guess:.1f} s, so one call '
+                         f'may take up to {guess * num:.0f} s > {args.max_seconds:.0f} s.')
+            times[key] = None
+            return
+        seconds, repeats = time_calls(fn, args.repeats, args.max_seconds)
+        if repeats == 1:
+            notes.append(f'{label}, {key}: one call of {seconds:.1f} s, not repeated.')
+        if num == 1:
+            estimates[(mask, key)] = seconds
+        times[key] = seconds
+
+    shape = [num, positions, height, width]
+    run('limit', 'limit', 'forward', lambda: paddle.full(shape, 0.0, 'float32'))
+    x = paddle.randn([num, mask * mask, height, width], 'float32')
+    x.stop_gradient = False
+    for impl in ('custom', 'paddle'):
+        run(f'{impl} fwd', impl, 'forward',
+            lambda: psa_mask(x, args.psa_type, mask, impl=impl))
+        if times[f'{impl} fwd'] is None:
+            notes.append(f'{label}, {impl} bwd: skipped with its forward.')
+            times[f'{impl} bwd'] = None
+            continue
+        y = psa_mask(x, args.psa_type, mask, impl=impl)
+        grad_y = paddle.randn(y.shape, 'float32')
+        run(f'{impl} bwd', impl, 'backward',
+            lambda: paddle.grad([y], [x], grad_outputs=[grad_y], retain_graph=True))
+        del y, grad_y
+    del x
+    return times
+
+
+def fmt_ms(seconds):
+    return '—' if seconds is None else f'{seconds * 1e3:.1f}'
+
+
+def fmt_ratio(numerator, denominator):
+    if numerator is None or denominator is None:
+        return '—'
+    return f'{numerator / denominator:.2f}'
+
+
+def fmt_bytes(count):
+    return f'{count / GIB:.2f} GiB' if count >= GIB else f'{count / (1 << 20):.0f} MiB'
+
+
+def main():
+    args = parse_args()
+    load_library()
+    paddle.set_device('cpu')
+    threads = os.environ.get('PSA_MASK_NUM_THREADS', str(os.cpu_count()))
+    print(f'psa_mask on CPU, {args.psa_type}, float32: paddle {paddle.__version__}, '
+          f'{os.cpu_count()} CPUs, op threads {threads}, median of {args.repeats} calls '
+          'after one warm-up (ms)\n')
+    header = ['mask', 'map', 'N', 'output', 'write limit', 'custom fwd', 'fwd / limit',
+              'paddle fwd', 'paddle / custom fwd', 'custom bwd', 'paddle bwd',
+              'paddle / custom bwd']
+    print('| ' + ' | '.join(header) + ' |')
+    print('|' + '---|' * len(header))
+    notes, estimates = [], {}
+    for mask, height, width in SHAPES:
+        for num in BATCHES:
+            t = measure_cell(args, mask, height, width, num, notes, estimates)
+            output = 4 * num * (height * width) ** 2
+            row = [f'{mask}x{mask}', f'{height}x{width}', str(num), fmt_bytes(output),
+                   fmt_ms(t['limit']), fmt_ms(t['custom fwd']),
+                   fmt_ratio(t['custom fwd'], t['limit']), fmt_ms(t['paddle fwd']),
+                   fmt_ratio(t['paddle fwd'], t['custom fwd']), fmt_ms(t['custom bwd']),
+                   fmt_ms(t['paddle bwd']), fmt_ratio(t['paddle bwd'], t['custom bwd'])]
+            print('| ' + ' | '.join(row) + ' |', flush=True)
+    print('\nwrite limit: paddle.full of the output, fresh memory each call as for the op.')
+    print('bwd: paddle.grad of the output w.r.t. x (includes its copy of grad_outputs).')
+    for note in notes:
+        print('- ' + note)
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,41 @@
+"""Export a trained model for deployment (PaddleSeg's export.py flags, plus --psa_impl, --onnx).
+
+    python export.py --config configs/psanet/psanet_resnet50_os8_cityscapes_1024x512_80k.yml \
+        --model_path output/best_model/model.pdparams --save_dir output/inference_model
+    python export.py --config <cfg> --model_path <pdparams> --save_dir output/onnx \
+        --psa_impl paddle --onnx
+"""
+import argparse
+import sys
+
+from psanet.core import run_cli
+from psanet.export import OUTPUT_OPS, PSA_IMPLS, export_from_config
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description='PSANet export (PaddleSeg flags).')
+    parser.add_argument('--config', required=True, help='The config file.')
+    parser.add_argument('--model_path', default=None,
+                        help='model.pdparams, or a checkpoint folder such as output/best_model.')
+    parser.add_argument('--save_dir', default='output/inference_model',
+                        help='model.json, model.pdiparams and deploy.yaml go here.')
+    parser.add_argument('--input_shape', nargs=4, default=None, metavar=('N', 'C', 'H', 'W'),
+                        help='Fixed input shape, e.g. 1 3 512 1024; None for a dynamic '
+                        'dimension. Default: None 3 None None (any batch and size).')
+    parser.add_argument('--output_op', choices=OUTPUT_OPS, default='argmax',
+                        help='argmax: int32 class ids [N, 1, H, W]; softmax: probabilities; '
+                        'none: logits.')
+    parser.add_argument('--psa_impl', choices=PSA_IMPLS, default='custom',
+                        help='custom: the C++/CUDA op (needs its library at run time); '
+                        'paddle: standard ops only (no library; exports to ONNX).')
+    parser.add_argument('--onnx', action='store_true',
+                        help='Also write model.onnx with paddle2onnx (needs --psa_impl paddle).')
+    parser.add_argument('--check_image_path', default=None,
+                        help='Images (file, folder or list) to run through the dygraph and the '
+                        'exported model, printing how far they agree.')
+    parser.add_argument('--opts', nargs='+', default=None, help='key=value config overrides.')
+    return parser.parse_args(argv)
+
+
+if __name__ == '__main__':
+    sys.exit(run_cli(export_from_config, **vars(parse_args())))

@@ -1,0 +1,37 @@
+"""Predict images with a trained model (PaddleSeg's predict.py flags).
+
+    python predict.py --config configs/psanet/psanet_resnet50_os8_cityscapes_1024x512_80k.yml \
+        --model_path output/best_model/model.pdparams --image_path demo/ --save_dir output/result
+"""
+import argparse
+import sys
+import warnings
+
+# Paddle's harmless notices would sit between the user and a one-line error.
+warnings.filterwarnings('ignore', message='No ccache found')
+warnings.filterwarnings('ignore', message='When training, we now always track')
+
+from psanet.core import predict_from_config, run_cli  # noqa: E402
+from psanet.core.cli import add_inference_flags  # noqa: E402
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description='PSANet prediction (PaddleSeg flags).')
+    parser.add_argument('--config', required=True, help='The config file.')
+    parser.add_argument('--model_path', required=True,
+                        help='model.pdparams, or a checkpoint folder such as output/best_model.')
+    parser.add_argument('--image_path', required=True,
+                        help='An image, a folder of images, or a text file listing images.')
+    parser.add_argument('--save_dir', default='output/result',
+                        help='pseudo_color_prediction/ and added_prediction/ go here.')
+    parser.add_argument('--device', choices=['cpu', 'gpu'], default=None,
+                        help='Default: gpu when Paddle sees one, else cpu.')
+    add_inference_flags(parser, '--aug_pred')
+    parser.add_argument('--custom_color', nargs='+', type=int, default=None,
+                        help='r g b values for classes 0, 1, ..., e.g. 0 0 0 255 255 255.')
+    parser.add_argument('--opts', nargs='+', default=None, help='key=value config overrides.')
+    return parser.parse_args(argv)
+
+
+if __name__ == '__main__':
+    sys.exit(run_cli(predict_from_config, **vars(parse_args())))

@@ -1,0 +1,289 @@
+"""Checkpoints: atomic writes, pruning, resume state, and weights loading that names mismatches.
+
+A checkpoint is a folder ``<save_dir>/iter_N/`` (or ``best_model/``) with::
+
+    model.pdparams      the model's state_dict (paddle.save)
+    model.pdopt         the optimizer's state_dict, with its LR scheduler
+    train_state.json    iteration, epoch, seed, LR scheduler state, best mIoU
+
+It is written into a hidden temporary folder next to it and renamed into
+place only when every file is complete, so a crash or an exception while
+saving never leaves an ``iter_N`` that loads wrong, and the previous
+checkpoints stay as they were.
+"""
+import json
+import os
+import re
+import shutil
+import tempfile
+
+import numpy as np
+import paddle
+
+from psanet.core.errors import CheckpointError
+
+__all__ = ['MODEL_FILE', 'OPTIMIZER_FILE', 'STATE_FILE', 'save_checkpoint', 'list_checkpoints',
+           'prune_checkpoints', 'remove_stale_temporaries', 'load_checkpoint',
+           'resolve_weights_path', 'load_model_weights', 'parameter_names',
+           'rename_optimizer_state']
+
+MODEL_FILE = 'model.pdparams'
+OPTIMIZER_FILE = 'model.pdopt'
+STATE_FILE = 'train_state.json'
+_ITER_DIR = re.compile(r'^iter_(\d+)$')
+_TEMP_MARK = '.tmp-'
+
+
+def _to_json(value):
+    """numpy scalars and arrays in LR scheduler states -> plain Python."""
+    if isinstance(value, dict):
+        return {str(k): _to_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_to_json(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, paddle.Tensor):
+        return value.numpy().tolist()
+    return value
+
+
+def save_checkpoint(directory, model, optimizer=None, state=None):
+    """Writes a checkpoint folder atomically.
+
+    Args:
+        directory (str): the final folder, e.g. ``output/iter_1000``; an existing
+            one is replaced only once the new one is complete.
+        model (paddle.nn.Layer): the model (not its DataParallel wrapper).
+        optimizer (paddle.optimizer.Optimizer, optional): saved as model.pdopt. Default: None.
+        state (dict, optional): JSON-able training state, saved as train_state.json. Default: None.
+
+    Returns:
+        str: ``directory``.
+    """
+    directory = os.path.normpath(directory)
+    parent = os.path.dirname(directory) or '.'
+    os.makedirs(parent, exist_ok=True)
+    temporary = tempfile.mkdtemp(prefix='.' + os.path.basename(directory) + _TEMP_MARK, dir=parent)
+    try:
+        paddle.save(model.state_dict(), os.path.join(temporary, MODEL_FILE))
+        if optimizer is not None:
+            paddle.save(optimizer.state_dict(), os.path.join(temporary, OPTIMIZER_FILE))
+        if state is not None:
+            with open(os.path.join(temporary, STATE_FILE), 'w') as f:
+                json.dump(_to_json(state), f, indent=1)
+                f.flush()
+                os.fsync(f.fileno())
+        if os.path.exists(directory):
+            # rename() cannot replace a non-empty folder: move the old one aside first.
+            retired = tempfile.mkdtemp(
+                prefix='.' + os.path.basename(directory) + '.old' + _TEMP_MARK, dir=parent)
+            os.replace(directory, os.path.join(retired, 'previous'))
+            os.replace(temporary, directory)
+            shutil.rmtree(retired, ignore_errors=True)
+        else:
+            os.replace(temporary, directory)
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
+    return directory
+
+
+def list_checkpoints(save_dir):
+    """Complete ``iter_N`` checkpoints in ``save_dir``, oldest first.
+
+    Returns:
+        list: ``(iteration, path)`` pairs sorted by iteration.
+    """
+    if not os.path.isdir(save_dir):
+        return []
+    found = []
+    for name in os.listdir(save_dir):
+        match = _ITER_DIR.match(name)
+        path = os.path.join(save_dir, name)
+        if match and os.path.isfile(os.path.join(path, MODEL_FILE)):
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def prune_checkpoints(save_dir, keep_checkpoint_max):
+    """Deletes the oldest ``iter_N`` folders beyond ``keep_checkpoint_max`` (<= 0 keeps all).
+
+    Returns:
+        list: the deleted paths.
+    """
+    if keep_checkpoint_max is None or keep_checkpoint_max <= 0:
+        return []
+    checkpoints = list_checkpoints(save_dir)
+    removed = [path for _, path in checkpoints[:-keep_checkpoint_max]]
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
+    return removed
+
+
+def remove_stale_temporaries(save_dir):
+    """Deletes the hidden temporary folders a killed process left while saving."""
+    if not os.path.isdir(save_dir):
+        return
+    for name in os.listdir(save_dir):
+        if name.startswith('.') and _TEMP_MARK in name:
+            shutil.rmtree(os.path.join(save_dir, name), ignore_errors=True)
+
+
+def _load(path, what, fix):
+    try:
+        return paddle.load(path)
+    except Exception as error:  # paddle.load raises several types for a broken file
+        raise CheckpointError(f'{what} {path} cannot be read ({type(error).__name__}: {error}): '
+                              f'{fix}') from error
+
+
+def load_checkpoint(path):
+    """Reads a checkpoint folder written by :func:`save_checkpoint` for ``--resume_model``.
+
+    Args:
+        path (str): an ``iter_N`` folder.
+
+    Returns:
+        tuple: (model state_dict, optimizer state_dict, training state dict).
+            The training state of a checkpoint without train_state.json (e.g.
+            from paddleseg) holds only ``iteration``, parsed from the folder name.
+    """
+    fix = 'pass another iter_N folder of the same save_dir to --resume_model.'
+    if not os.path.isdir(path):
+        raise CheckpointError(f'--resume_model {path} is not a folder: pass a checkpoint folder '
+                              'such as output/iter_1000 (it holds model.pdparams and model.pdopt).')
+    for name in (MODEL_FILE, OPTIMIZER_FILE):
+        if not os.path.isfile(os.path.join(path, name)):
+            raise CheckpointError(f'--resume_model {path} has no {name}: {fix}')
+    model_state = _load(os.path.join(path, MODEL_FILE), 'model weights', fix)
+    optimizer_state = _load(os.path.join(path, OPTIMIZER_FILE), 'optimizer state', fix)
+    state_path = os.path.join(path, STATE_FILE)
+    if os.path.isfile(state_path):
+        try:
+            with open(state_path) as f:
+                state = json.load(f)
+        except (OSError, ValueError) as error:
+            raise CheckpointError(f'training state {state_path} cannot be read ({error}): '
+                                  f'{fix}') from error
+    else:
+        match = _ITER_DIR.match(os.path.basename(os.path.normpath(path)))
+        if not match:
+            raise CheckpointError(f'--resume_model {path} has no {STATE_FILE} and is not named '
+                                  f'iter_N, so the iteration to resume from is unknown: {fix}')
+        state = {'iteration': int(match.group(1))}
+    return model_state, optimizer_state, state
+
+
+def parameter_names(model):
+    """{structured name: unique parameter name}; the optimizer state is keyed by the latter."""
+    return {key: param.name for key, param in model.named_parameters()}
+
+
+def rename_optimizer_state(optimizer_state, saved_names, model):
+    """Re-keys an optimizer state_dict saved for another build of the same model.
+
+    Paddle names optimizer accumulators after the parameters' unique names
+    (``conv2d_8.w_0_velocity_0``), which depend on how many layers the process
+    had built before; the model's structured names do not. ``saved_names``
+    (from :func:`parameter_names` at save time) maps one onto the other.
+
+    Args:
+        optimizer_state (dict): the loaded model.pdopt.
+        saved_names (dict): structured name -> unique name when it was saved.
+        model (paddle.nn.Layer): the model now.
+
+    Returns:
+        dict: the state with keys of this build's parameter names.
+    """
+    current = parameter_names(model)
+    rename = {saved_names[k]: v for k, v in current.items()
+              if k in saved_names and saved_names[k] != v}
+    if not rename:
+        return optimizer_state
+    # Longest first, so that conv2d_1.w_0 never matches inside conv2d_11.w_0_velocity_0.
+    old_names = sorted(rename, key=len, reverse=True)
+    renamed = {}
+    for key, value in optimizer_state.items():
+        for old in old_names:
+            if key == old or key.startswith(old + '_'):
+                key = rename[old] + key[len(old):]
+                break
+        renamed[key] = value
+    return renamed
+
+
+def resolve_weights_path(model_path):
+    """``--model_path`` as a weights file: a .pdparams file, or a folder holding model.pdparams.
+
+    Raises:
+        CheckpointError: when neither exists.
+    """
+    if model_path is None:
+        raise CheckpointError('--model_path is required: pass a model.pdparams file or a '
+                              'checkpoint folder such as output/best_model.')
+    if os.path.isdir(model_path):
+        candidate = os.path.join(model_path, MODEL_FILE)
+        if os.path.isfile(candidate):
+            return candidate
+        raise CheckpointError(f'--model_path {model_path} is a folder without {MODEL_FILE}: '
+                              'pass a checkpoint folder such as output/best_model or the '
+                              '.pdparams file.')
+    if not os.path.isfile(model_path):
+        raise CheckpointError(f'--model_path {model_path} does not exist (cwd {os.getcwd()}): '
+                              'pass a model.pdparams file or a checkpoint folder such as '
+                              'output/best_model.')
+    return model_path
+
+
+def _mismatch_report(expected, loaded):
+    missing = [k for k in expected if k not in loaded]
+    unexpected = [k for k in loaded if k not in expected]
+    wrong_shape = [
+        f'{k} (file {list(loaded[k].shape)}, model {list(expected[k].shape)})'
+        for k in expected if k in loaded and hasattr(loaded[k], 'shape')
+        and list(loaded[k].shape) != list(expected[k].shape)
+    ]
+
+    def few(names):
+        shown = ', '.join(names[:5])
+        return shown + (f' and {len(names) - 5} more' if len(names) > 5 else '')
+
+    parts = []
+    if wrong_shape:
+        parts.append(f'{len(wrong_shape)} with another shape: {few(wrong_shape)}')
+    if missing:
+        parts.append(f'{len(missing)} missing from the file: {few(missing)}')
+    if unexpected:
+        parts.append(f'{len(unexpected)} not in the model: {few(unexpected)}')
+    return '; '.join(parts)
+
+
+def load_model_weights(model, model_path):
+    """Loads weights into ``model``, refusing any file that does not fit it exactly.
+
+    Args:
+        model (paddle.nn.Layer): the model built from the config.
+        model_path (str): a .pdparams file or a checkpoint folder.
+
+    Returns:
+        str: the weights file that was loaded.
+
+    Raises:
+        CheckpointError: naming the mismatching parameters when the file is not
+            this model's (another backbone, num_classes, or head).
+    """
+    path = resolve_weights_path(model_path)
+    loaded = _load(path, 'weights', 'pass a model.pdparams written by train.py.')
+    if not isinstance(loaded, dict):
+        raise CheckpointError(f'weights {path} hold a {type(loaded).__name__}, not a state_dict: '
+                              'pass a model.pdparams written by train.py.')
+    expected = model.state_dict()
+    report = _mismatch_report(expected, loaded)
+    if report:
+        raise CheckpointError(
+            f'weights {path} do not fit {type(model).__name__} built from the config: {report}. '
+            'Pass the config the weights were trained with (same model, backbone and num_classes).')
+    model.set_state_dict(loaded)
+    return path

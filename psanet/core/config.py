@@ -1,0 +1,239 @@
+"""Config loading and component building on paddleseg's Config and SegBuilder, with clear errors.
+
+paddleseg 2.8.0 reads the YAML (``_base_`` inheritance, ``--opts key=value``)
+and builds model, datasets, losses, optimizer and LR scheduler from it; this
+module only adds what it lacks for a command line: a misspelt top-level key,
+an unknown component type, a bad ``--opts`` item or a component that fails to
+build each become one :class:`ConfigError` naming the file and the fix
+instead of an assertion or a wrapped RuntimeError.
+"""
+import copy
+import difflib
+import os
+
+import yaml
+from paddleseg.cvlibs import Config, SegBuilder, manager
+
+import psanet.compat  # noqa: F401
+import psanet.models  # noqa: F401  (registers PSANet in manager.MODELS)
+from psanet.core.errors import ConfigError
+from psanet.data.validate import check_dataset_config, validate_dataset
+
+__all__ = ['KNOWN_KEYS', 'load_config', 'ComponentBuilder']
+
+# Top-level keys paddleseg 2.8.0 reads, plus the engine's own ``sync_bn``.
+KNOWN_KEYS = ('batch_size', 'iters', 'train_dataset', 'val_dataset', 'optimizer', 'lr_scheduler',
+              'loss', 'distill_loss', 'model', 'test_config', 'export', 'to_static_training',
+              'sync_bn')
+
+# Which registries a section's ``type`` keys name, for suggestions in errors.
+_SECTION_REGISTRIES = {
+    'model': (manager.MODELS, manager.BACKBONES),
+    'train_dataset': (manager.DATASETS, manager.TRANSFORMS),
+    'val_dataset': (manager.DATASETS, manager.TRANSFORMS),
+    'loss': (manager.LOSSES, ),
+    'distill_loss': (manager.LOSSES, ),
+    'optimizer': (manager.OPTIMIZERS, ),
+}
+_ALL_REGISTRIES = (manager.MODELS, manager.BACKBONES, manager.DATASETS, manager.TRANSFORMS,
+                   manager.LOSSES, manager.OPTIMIZERS)
+
+
+def _parse_yaml(path, chain=()):
+    if not os.path.isfile(path):
+        where = f' (the _base_ of {chain[-1]})' if chain else ''
+        raise ConfigError(f'config {path}{where} does not exist (cwd {os.getcwd()}): pass a file '
+                          'such as configs/psanet/psanet_resnet50_os8_cityscapes_1024x512_80k.yml.')
+    if not path.endswith(('.yml', '.yaml')):
+        raise ConfigError(f'config {path} is not a .yml/.yaml file: pass a YAML config.')
+    try:
+        with open(path, encoding='utf-8') as f:
+            dic = yaml.load(f, Loader=yaml.FullLoader)
+    except yaml.YAMLError as error:
+        raise ConfigError(f'config {path} is not valid YAML: {error}') from error
+    if not isinstance(dic, dict):
+        raise ConfigError(f'config {path} does not hold a mapping of keys: fix its YAML.')
+    bases = dic.get('_base_', [])
+    for base in [bases] if isinstance(bases, str) else bases:
+        _parse_yaml(os.path.join(os.path.dirname(path), base), chain + (path, ))
+    return dic
+
+
+def _check_opts(dic, opts, path):
+    for item in opts or []:
+        if item.count('=') != 1:
+            raise ConfigError(f'--opts item {item!r} is not key=value: write e.g. '
+                              '`--opts batch_size=2 model.backbone.output_stride=16`.')
+        key = item.split('=')[0]
+        node = dic
+        parts = key.split('.')
+        for depth, part in enumerate(parts[:-1]):
+            if not isinstance(node, dict) or part not in node:
+                prefix = '.'.join(parts[:depth + 1])
+                raise ConfigError(f'--opts {item}: {prefix} is not in {path}; keys there: '
+                                  f'{_keys(node)}.')
+            node = node[part]
+        if len(parts) == 1 and parts[0] not in KNOWN_KEYS:
+            raise ConfigError(f'--opts {item}: {parts[0]!r} is not a config key; known keys: '
+                              f'{", ".join(KNOWN_KEYS)}.')
+
+
+def _keys(node):
+    return ', '.join(map(str, node)) if isinstance(node, dict) else '(not a mapping)'
+
+
+def _check_top_level(dic, path):
+    unknown = [k for k in dic if k not in KNOWN_KEYS]
+    if unknown:
+        hints = []
+        for key in unknown:
+            close = difflib.get_close_matches(str(key), KNOWN_KEYS, n=1)
+            hints.append(f'{key!r}' + (f' (did you mean {close[0]!r}?)' if close else ''))
+        raise ConfigError(f'config {path} has unknown top-level keys {", ".join(hints)}: '
+                          f'fix or remove them; known keys: {", ".join(KNOWN_KEYS)}.')
+
+
+def _check_types(node, where, registries, path):
+    """Every ``type`` in a section must name a registered component."""
+    if isinstance(node, dict):
+        if 'type' in node:
+            kind = node['type']
+            if not any(kind in r.components_dict for r in _ALL_REGISTRIES):
+                names = sorted({n for r in registries for n in r.components_dict})
+                close = difflib.get_close_matches(str(kind), names, n=3)
+                hint = f'did you mean {", ".join(close)}? ' if close else ''
+                raise ConfigError(f'config {path}: {where}.type {kind!r} is not a registered '
+                                  f'component: {hint}known: {", ".join(names)}.')
+        for key, value in node.items():
+            _check_types(value, f'{where}.{key}', registries, path)
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            _check_types(value, f'{where}[{i}]', registries, path)
+
+
+def load_config(path, learning_rate=None, batch_size=None, iters=None, opts=None):
+    """Reads a config like paddleseg's ``Config`` and checks it.
+
+    Args:
+        path (str): the YAML file; ``_base_`` files are merged in.
+        learning_rate (float, optional): overrides ``lr_scheduler.learning_rate``. Default: None.
+        batch_size (int, optional): overrides ``batch_size`` (per process). Default: None.
+        iters (int, optional): overrides ``iters``. Default: None.
+        opts (list, optional): ``key=value`` overrides, e.g. ``['model.num_classes=19']``.
+            Default: None.
+
+    Returns:
+        paddleseg.cvlibs.Config: the checked config.
+
+    Raises:
+        ConfigError: for a missing or malformed file, an unknown key or component
+            type, or a failed paddleseg sanity rule.
+    """
+    _parse_yaml(path)
+    try:
+        merged = Config._parse_from_yaml(path)
+    except Exception as error:  # paddleseg raises bare exceptions on malformed bases
+        raise ConfigError(f'config {path} cannot be read: {error}') from error
+    _check_opts(merged, opts, path)
+    if learning_rate and not isinstance(merged.get('lr_scheduler'), dict):
+        raise ConfigError(f'--learning_rate needs an lr_scheduler section in {path}.')
+    for name, value in (('learning_rate', learning_rate), ('batch_size', batch_size),
+                        ('iters', iters)):
+        if value is not None and value <= 0:
+            raise ConfigError(f'--{name} must be positive, got {value}.')
+    try:
+        cfg = Config(path, learning_rate=learning_rate, batch_size=batch_size, iters=iters,
+                     opts=opts)
+    except (AssertionError, RuntimeError, ValueError, KeyError, TypeError) as error:
+        lines = str(error).strip().splitlines()
+        detail = lines[-1] if lines else type(error).__name__
+        raise ConfigError(f'config {path} fails paddleseg\'s checks: {detail}') from error
+    _check_top_level(cfg.dic, path)
+    for key in ('batch_size', 'iters'):
+        value = cfg.dic.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ConfigError(f'config {path}: {key} must be a positive integer, got {value!r}.')
+    for section, registries in _SECTION_REGISTRIES.items():
+        if section in cfg.dic:
+            _check_types(cfg.dic[section], section, registries, path)
+    cfg.path = path
+    return cfg
+
+
+class ComponentBuilder:
+    """Builds the config's components through paddleseg's SegBuilder, with clear errors.
+
+    Args:
+        cfg (paddleseg.cvlibs.Config): from :func:`load_config`.
+    """
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.path = getattr(cfg, 'path', '<config>')
+        self._builder = SegBuilder(cfg)
+
+    def _get(self, name, section):
+        try:
+            return getattr(self._builder, name)
+        except ConfigError:
+            raise
+        except (AssertionError, AttributeError, RuntimeError, ValueError, KeyError,
+                TypeError) as error:
+            lines = [l for l in str(error).strip().splitlines() if l.strip()]
+            detail = lines[-1] if lines else type(error).__name__
+            raise ConfigError(f'config {self.path}: cannot build {section}: {detail}. Fix the '
+                              f'{section} section of the config.') from error
+
+    @property
+    def model(self):
+        """The model (cached)."""
+        return self._get('model', 'model')
+
+    @property
+    def losses(self):
+        """``{'types': [loss layers], 'coef': [floats]}`` (cached)."""
+        return self._get('loss', 'loss')
+
+    @property
+    def optimizer(self):
+        """The optimizer over the model's parameters, with the LR scheduler (cached)."""
+        return self._get('optimizer', 'optimizer / lr_scheduler')
+
+    @property
+    def lr_scheduler(self):
+        """The LR scheduler (cached)."""
+        return self._get('lr_scheduler', 'lr_scheduler')
+
+    @property
+    def val_dataset_class(self):
+        """The val_dataset's class (not built)."""
+        return self._get('val_dataset_class', 'val_dataset')
+
+    @property
+    def val_transforms(self):
+        """The val_dataset transforms, for prediction."""
+        return self._get('val_transforms', 'val_dataset.transforms')
+
+    def dataset(self, split, check_labels='sample'):
+        """The train or val dataset, its paths and labels checked before use.
+
+        Args:
+            split (str): 'train' or 'val'.
+            check_labels (str, optional): how many samples ``validate_dataset`` reads:
+                'all', 'sample' or 'none'. Default: 'sample'.
+        """
+        section = f'{split}_dataset'
+        dataset_cfg = self.cfg.dic.get(section)
+        if not dataset_cfg:
+            raise ConfigError(f'config {self.path} has no {section} section: add one (see '
+                              'configs/_base_/cityscapes.yml).')
+        check_dataset_config(copy.deepcopy(dataset_cfg))
+        dataset = self._get(section, section)
+        validate_dataset(dataset, dataset.num_classes, dataset.ignore_index,
+                         check_labels=check_labels)
+        return dataset
+
+    @property
+    def test_config(self):
+        """The ``test_config`` section (evaluation-time inference options)."""
+        return dict(self.cfg.test_config)

@@ -1,0 +1,185 @@
+"""Data loading for the engine: reproducible samples, per-epoch shuffles, exact eval splits.
+
+* :class:`SampleReader` wraps a paddleseg dataset. It seeds Python's and
+  numpy's RNGs from (seed, epoch, index) before each sample's transforms, so
+  augmentation does not depend on worker count, prefetching or where a run
+  was resumed. It also checks label values, and turns a sample that fails to
+  load into an error record: an exception raised inside Paddle's loader
+  thread hangs a ``num_workers=0`` DataLoader on Paddle 3.3 instead of
+  reaching the training loop.
+* :class:`TrainBatchSampler` is ``DistributedBatchSampler`` (shuffle, drop
+  last) that can start an epoch at a given batch, for resuming mid-epoch.
+* :class:`EvalBatchSampler` gives rank r the samples r, r + world, ... and
+  no padding, so summed areas count every image exactly once.
+"""
+import os
+import random
+import traceback
+
+import cv2
+import numpy as np
+import paddle
+
+from psanet.core.errors import ConfigError, DatasetError
+
+__all__ = ['SampleReader', 'collate', 'raise_if_error', 'TrainBatchSampler', 'EvalBatchSampler',
+           'build_train_loader', 'build_eval_loader']
+
+
+def sample_paths(dataset, index):
+    """(image_path, label_path) of a paddleseg dataset's sample, or (None, None)."""
+    file_list = getattr(dataset, 'file_list', None)
+    if file_list is None or index >= len(file_list):
+        return None, None
+    entry = file_list[index]
+    return entry[0], (entry[1] if len(entry) > 1 else None)
+
+
+class SampleReader(paddle.io.Dataset):
+    """A paddleseg dataset with seeded augmentation, label checks and error records.
+
+    Args:
+        dataset (paddle.io.Dataset): a paddleseg dataset (``Cityscapes``, ``Dataset``...).
+        seed (int): base seed of the per-sample RNG seeds.
+        num_classes (int): labels must lie in [0, num_classes) or be ``ignore_index``.
+        ignore_index (int, optional): Default: 255.
+    """
+
+    def __init__(self, dataset, seed, num_classes, ignore_index=255):
+        self.dataset = dataset
+        self.seed = int(seed)
+        self.num_classes = int(num_classes)
+        self.ignore_index = int(ignore_index)
+        self.epoch = 0
+
+    def set_epoch(self, epoch):
+        """Selects the epoch of the per-sample seeds; call before iterating the loader."""
+        self.epoch = int(epoch)
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, index):
+        python_seed, numpy_seed = np.random.SeedSequence(
+            [self.seed, self.epoch, int(index)]).generate_state(2)
+        random.seed(int(python_seed))
+        np.random.seed(int(numpy_seed))
+        image_path, label_path = sample_paths(self.dataset, index)
+        try:
+            data = self.dataset[index]
+        except Exception as error:  # any failure must reach the main process as a record
+            return {'error': _describe_failure(error, image_path, label_path)}
+        label = np.asarray(data['label'])
+        values = np.unique(label)
+        bad = values[(values >= self.num_classes) & (values != self.ignore_index)]
+        if bad.size:
+            return {'error': (
+                f'label {label_path} has values {bad[:10].tolist()} outside '
+                f'[0, {self.num_classes}) that are not ignore_index {self.ignore_index}: convert '
+                'the labels to train ids (python tools/prepare_cityscapes.py for Cityscapes) '
+                'or fix num_classes / ignore_index in the config.')}
+        sample = {'img': np.asarray(data['img'], dtype='float32'),
+                  'label': label.astype('int64'),
+                  'trans_info': [(str(op), [int(s) for s in size])
+                                 for op, size in data.get('trans_info', [])],
+                  'index': int(index)}
+        return sample
+
+
+def _describe_failure(error, image_path, label_path):
+    if image_path is not None and os.path.isfile(image_path) and cv2.imread(image_path) is None:
+        return (f'image {image_path} cannot be read (corrupt or not an image): re-extract it or '
+                'remove it from the dataset.')
+    if image_path is not None and not os.path.isfile(image_path):
+        return f'image {image_path} does not exist: restore it or fix the file list.'
+    if label_path is not None and not os.path.isfile(label_path):
+        return f'label {label_path} does not exist: restore it or fix the file list.'
+    frame = traceback.extract_tb(error.__traceback__)[-1]
+    return (f'sample {image_path} (label {label_path}) failed in its transforms with '
+            f'{type(error).__name__}: {error} (at {os.path.basename(frame.filename)}:'
+            f'{frame.lineno}): check the file and the transforms of this dataset in the config.')
+
+
+def collate(samples):
+    """Stacks images and labels; keeps trans_info and indices per sample; forwards errors."""
+    errors = [s['error'] for s in samples if 'error' in s]
+    if errors:
+        # Paddle's loader drops a batch without arrays silently: keep the usual keys.
+        return {'img': np.zeros([1, 1, 1, 1], 'float32'), 'label': np.zeros([1, 1, 1], 'int64'),
+                'trans_info': [[]], 'index': [-1], 'error': errors[:1]}
+    return {'img': np.stack([s['img'] for s in samples]),
+            'label': np.stack([s['label'] for s in samples]),
+            'trans_info': [s['trans_info'] for s in samples],
+            'index': [s['index'] for s in samples]}
+
+
+def raise_if_error(batch):
+    """Raises DatasetError for a batch that holds an error record."""
+    if 'error' in batch:
+        raise DatasetError(batch['error'][0])
+
+
+class TrainBatchSampler(paddle.io.DistributedBatchSampler):
+    """Shuffled, drop-last DistributedBatchSampler that can start an epoch mid-way.
+
+    Args:
+        dataset (paddle.io.Dataset): the training dataset.
+        batch_size (int): samples per rank and step.
+        num_replicas (int, optional): number of ranks; None: the process group's. Default: None.
+        rank (int, optional): this rank; None: the process's. Default: None.
+    """
+
+    def __init__(self, dataset, batch_size, num_replicas=None, rank=None):
+        super().__init__(dataset, batch_size=batch_size, num_replicas=num_replicas, rank=rank,
+                         shuffle=True, drop_last=True)
+        self.start_batch = 0
+
+    def set_epoch(self, epoch, start_batch=0):
+        """Shuffles with ``epoch``; skips the first ``start_batch`` batches without reading them."""
+        super().set_epoch(epoch)
+        self.start_batch = int(start_batch)
+
+    def __iter__(self):
+        for i, batch in enumerate(super().__iter__()):
+            if i >= self.start_batch:
+                yield batch
+
+
+class EvalBatchSampler(paddle.io.DistributedBatchSampler):
+    """One image per batch; rank r evaluates samples r, r + world_size, ... with no padding."""
+
+    def __init__(self, dataset):
+        super().__init__(dataset, batch_size=1, shuffle=False, drop_last=False)
+
+    def _indices(self):
+        return range(self.local_rank, len(self.dataset), self.nranks)
+
+    def __iter__(self):
+        for index in self._indices():
+            yield [index]
+
+    def __len__(self):
+        return len(self._indices())
+
+
+def build_train_loader(dataset, batch_size, seed, num_workers=0):
+    """(loader, sampler, reader) for training; set the epoch on sampler and reader per pass."""
+    reader = SampleReader(dataset, seed, dataset.num_classes, dataset.ignore_index)
+    sampler = TrainBatchSampler(reader, batch_size)
+    if len(sampler) == 0:
+        raise ConfigError(
+            f'the training set has {len(dataset)} images, fewer than batch_size {batch_size} x '
+            f'{sampler.nranks} process(es), so an epoch has no full batch: lower --batch_size or '
+            'add images.')
+    loader = paddle.io.DataLoader(reader, batch_sampler=sampler, num_workers=num_workers,
+                                  collate_fn=collate, return_list=True)
+    return loader, sampler, reader
+
+
+def build_eval_loader(dataset, num_workers=0):
+    """(loader, sampler) over this rank's share of ``dataset``, one image per batch."""
+    reader = SampleReader(dataset, 0, dataset.num_classes, dataset.ignore_index)
+    sampler = EvalBatchSampler(reader)
+    loader = paddle.io.DataLoader(reader, batch_sampler=sampler, num_workers=num_workers,
+                                  collate_fn=collate, return_list=True)
+    return loader, sampler

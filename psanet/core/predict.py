@@ -1,0 +1,216 @@
+"""Prediction on image files: colour-coded masks and overlays, like PaddleSeg's predict.py.
+
+For every input image it writes, keeping the image's path relative to
+``--image_path`` (a folder, a list file, or the file name of a single image):
+
+* ``<save_dir>/pseudo_color_prediction/<rel>.png``: a palette PNG of class
+  ids (Cityscapes colours for the 19 Cityscapes classes);
+* ``<save_dir>/added_prediction/<rel>``: the image blended with those colours.
+"""
+import os
+
+import cv2
+import numpy as np
+import paddle
+from PIL import Image
+from paddleseg.datasets import Cityscapes
+from paddleseg.transforms import Compose
+from paddleseg.utils import visualize
+
+from psanet.core import dist, infer
+from psanet.core.checkpoint import load_model_weights, resolve_weights_path
+from psanet.core.config import ComponentBuilder, load_config
+from psanet.core.errors import ConfigError, DatasetError
+from psanet.core.logger import get_logger
+from psanet.core.runtime import set_device
+from psanet.core.val import merge_test_config
+
+__all__ = ['IMAGE_EXTENSIONS', 'get_image_list', 'color_map', 'predict', 'predict_from_config']
+
+IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp')
+
+
+def _is_image(path):
+    return os.path.splitext(path)[1].lower() in IMAGE_EXTENSIONS
+
+
+def get_image_list(image_path):
+    """Images to predict and their output paths.
+
+    Args:
+        image_path (str): an image file; a folder (searched recursively); or a
+            text file with one image path per line (first column; relative
+            paths are relative to the list file's folder).
+
+    Returns:
+        list: ``(image path, path relative to the output folders)`` pairs.
+    """
+    if os.path.isdir(image_path):
+        images = []
+        for root, dirs, files in os.walk(image_path):
+            dirs[:] = sorted(d for d in dirs if not d.startswith('.'))
+            for name in sorted(files):
+                if not name.startswith('.') and _is_image(name):
+                    path = os.path.join(root, name)
+                    images.append((path, os.path.relpath(path, image_path)))
+        where = f'folder {image_path}'
+    elif os.path.isfile(image_path) and _is_image(image_path):
+        images = [(image_path, os.path.basename(image_path))]
+        where = image_path
+    elif os.path.isfile(image_path):
+        images = []
+        base = os.path.dirname(image_path)
+        with open(image_path) as f:
+            for number, line in enumerate(f, 1):
+                fields = line.split()
+                if not fields:
+                    continue
+                path = fields[0] if os.path.isabs(fields[0]) else os.path.join(base, fields[0])
+                if not os.path.isfile(path):
+                    raise DatasetError(f'{image_path} line {number}: image {path} does not exist: '
+                                       'fix the list (paths are relative to the list file).')
+                relative = os.path.basename(path) if os.path.isabs(fields[0]) else \
+                    os.path.normpath(fields[0])
+                images.append((path, relative))
+        where = f'list file {image_path}'
+    else:
+        raise ConfigError(f'--image_path {image_path} does not exist (cwd {os.getcwd()}): pass an '
+                          'image, a folder of images, or a text file listing images.')
+    if not images:
+        raise DatasetError(f'no images ({", ".join(IMAGE_EXTENSIONS)}) in {where}.')
+    return images
+
+
+def color_map(num_classes, custom_color=None, cityscapes=False):
+    """A flat [r, g, b, ...] palette of 256 colours.
+
+    Args:
+        num_classes (int): number of classes (only checked against custom_color).
+        custom_color (list, optional): r, g, b values for classes 0, 1, ... replacing the defaults.
+        cityscapes (bool, optional): colour train ids 0-18 as Cityscapes does. Default: False.
+    """
+    colors = visualize.get_color_map_list(256)
+    if cityscapes:
+        from cityscapesscripts.helpers.labels import trainId2label
+        for train_id in range(19):
+            colors[3 * train_id:3 * train_id + 3] = list(trainId2label[train_id].color)
+    if custom_color:
+        if len(custom_color) % 3 or any(not 0 <= int(c) <= 255 for c in custom_color):
+            raise ConfigError(f'--custom_color needs r g b triples of 0..255, got {custom_color}.')
+        if len(custom_color) // 3 > num_classes:
+            raise ConfigError(f'--custom_color gives {len(custom_color) // 3} colours for '
+                              f'{num_classes} classes.')
+        colors[:len(custom_color)] = [int(c) for c in custom_color]
+    return colors
+
+
+def _read_image(path):
+    image = cv2.imread(path, cv2.IMREAD_COLOR)
+    if image is None:
+        raise DatasetError(f'image {path} cannot be read (corrupt or not an image): replace it or '
+                           'leave it out of --image_path.')
+    return image
+
+
+def _write(path, write):
+    os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
+    if write(path) is False:
+        raise OSError(f'cannot write {path}: check the permissions and free space of --save_dir.')
+
+
+def predict(model, transforms, image_list, save_dir='output/result', aug_pred=False, scales=1.0,
+            flip_horizontal=False, flip_vertical=False, is_slide=False, crop_size=None,
+            stride=None, colors=None, logger=None):
+    """Predicts every image of ``image_list`` (this rank's share) and writes both outputs.
+
+    Args:
+        model (paddle.nn.Layer): the model with its weights loaded.
+        transforms (list): the val transforms (paddleseg transform objects).
+        image_list (list): ``(image path, relative output path)`` from :func:`get_image_list`.
+        save_dir (str, optional): output root. Default: 'output/result'.
+        aug_pred (bool, optional): average softmax over scales and flips. Default: False.
+        scales (float | list, optional): scales for aug_pred. Default: 1.0.
+        flip_horizontal (bool, optional): horizontal flips for aug_pred. Default: False.
+        flip_vertical (bool, optional): vertical flips for aug_pred. Default: False.
+        is_slide (bool, optional): sliding-window inference. Default: False.
+        crop_size (tuple, optional): (w, h) window when is_slide. Default: None.
+        stride (tuple, optional): (w, h) step when is_slide. Default: None.
+        colors (list, optional): flat palette from :func:`color_map`.
+            Default: Cityscapes colours.
+        logger (logging.Logger, optional): Default: the 'psanet' logger.
+
+    Returns:
+        list: ``(pseudo colour path, overlay path)`` written by this rank.
+    """
+    logger = logger or get_logger()
+    if is_slide:
+        crop_size, stride = infer.check_slide_args(crop_size, stride)
+    colors = colors or color_map(19, cityscapes=True)
+    palette = np.asarray(colors, dtype='uint8').reshape(-1, 3)
+    compose = Compose(list(transforms))
+    model.eval()
+    mine = image_list[dist.rank()::dist.world_size()]
+    pseudo_dir = os.path.join(save_dir, 'pseudo_color_prediction')
+    added_dir = os.path.join(save_dir, 'added_prediction')
+    written = []
+    logger.info(f'Predicting {len(image_list)} images into {save_dir} ...')
+    with paddle.no_grad():
+        for path, relative in mine:
+            image = _read_image(path)
+            data = compose({'img': image.astype('float32'), 'trans_info': []})
+            tensor = paddle.to_tensor(data['img'][np.newaxis])
+            if aug_pred:
+                score = infer.aug_inference(model, tensor, data['trans_info'], scales=scales,
+                                            flip_horizontal=flip_horizontal,
+                                            flip_vertical=flip_vertical, is_slide=is_slide,
+                                            crop_size=crop_size, stride=stride)
+            else:
+                score = infer.inference(model, tensor, data['trans_info'], is_slide=is_slide,
+                                        crop_size=crop_size, stride=stride)
+            pred = paddle.argmax(score, axis=1).numpy()[0].astype('uint8')
+            if pred.shape != image.shape[:2]:
+                pred = cv2.resize(pred, (image.shape[1], image.shape[0]),
+                                  interpolation=cv2.INTER_NEAREST)
+            pseudo_path = os.path.join(pseudo_dir, os.path.splitext(relative)[0] + '.png')
+            mask = Image.fromarray(pred)  # mode L; putpalette turns it into a palette image
+            mask.putpalette(colors)
+            _write(pseudo_path, mask.save)
+            added_path = os.path.join(added_dir, relative)
+            overlay = cv2.addWeighted(image, 0.6, cv2.cvtColor(palette[pred], cv2.COLOR_RGB2BGR),
+                                      0.4, 0)
+            _write(added_path, lambda p: cv2.imwrite(p, overlay))
+            written.append((pseudo_path, added_path))
+    logger.info(f'Predicted images are saved in {added_dir} and {pseudo_dir} .')
+    return written
+
+
+def predict_from_config(config, model_path, image_path, save_dir='output/result', device=None,
+                        aug_pred=None, scales=None, flip_horizontal=None, flip_vertical=None,
+                        is_slide=None, crop_size=None, stride=None, custom_color=None, opts=None):
+    """predict.py: builds the model from ``config``, loads ``model_path``, predicts ``image_path``.
+
+    Flags left as None take their value from the config's ``test_config``.
+
+    Returns:
+        list: the written ``(pseudo colour path, overlay path)`` pairs of this rank.
+    """
+    set_device(device)
+    dist.init_parallel()
+    logger = get_logger()
+    resolve_weights_path(model_path)  # a wrong path fails before any building
+    cfg = load_config(config, opts=opts)
+    image_list = get_image_list(image_path)
+    builder = ComponentBuilder(cfg)
+    model = builder.model
+    path = load_model_weights(model, model_path)
+    logger.info(f'Loaded weights {path}')
+    options = merge_test_config(builder.test_config, aug_eval=aug_pred, scales=scales,
+                                flip_horizontal=flip_horizontal, flip_vertical=flip_vertical,
+                                is_slide=is_slide, crop_size=crop_size, stride=stride)
+    options['aug_pred'] = options.pop('aug_eval')
+    val_class = builder.val_dataset_class if cfg.val_dataset_cfg else None
+    num_classes = getattr(model, 'num_classes', None) or getattr(val_class, 'NUM_CLASSES', 19)
+    colors = color_map(num_classes, custom_color,
+                       cityscapes=val_class is not None and issubclass(val_class, Cityscapes))
+    return predict(model, builder.val_transforms, image_list, save_dir=save_dir, colors=colors,
+                   logger=logger, **options)

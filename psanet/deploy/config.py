@@ -1,0 +1,129 @@
+"""Reads ``deploy.yaml``, the description ``export.py`` writes next to an exported model."""
+import json
+import os
+
+import yaml
+
+from psanet.core.errors import UserError
+
+__all__ = ['DeployConfig', 'DeployError', 'graph_holds_custom_op']
+
+CUSTOM_OP_NAME = 'psa_mask'
+
+
+class DeployError(UserError, RuntimeError):
+    """A deployment step failed for a reason the message names, with the fix."""
+
+
+def graph_holds_custom_op(model_file):
+    """True if the saved PIR program (``model.json``) holds the custom ``psa_mask`` op.
+
+    Read from the graph itself, not from deploy.yaml, so a model exported by
+    other means (or a hand-edited yaml) still gets its op library loaded.
+    """
+    try:
+        with open(model_file) as f:
+            program = json.load(f)
+    except (OSError, ValueError) as error:
+        raise DeployError(f'cannot read the model graph {model_file}: {error}. Export the '
+                          f'model again with export.py.') from error
+    stack = [program]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            # PIR serialises an op as {"#": "<dialect id>.<op name>", ...}.
+            name = node.get('#')
+            if isinstance(name, str) and name.split('.', 1)[-1] == CUSTOM_OP_NAME:
+                return True
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
+
+
+class DeployConfig:
+    """The contents of a ``deploy.yaml`` with paths resolved against its folder.
+
+    Args:
+        path (str): Path of ``deploy.yaml``, or of the folder holding it.
+    """
+
+    def __init__(self, path):
+        if os.path.isdir(path):
+            path = os.path.join(path, 'deploy.yaml')
+        if not os.path.isfile(path):
+            raise DeployError(f'deploy config not found: {path}. Pass the deploy.yaml that '
+                              f'export.py wrote (export.py --config ... --model_path ... '
+                              f'--save_dir DIR writes DIR/deploy.yaml).')
+        with open(path) as f:
+            try:
+                dic = yaml.safe_load(f)
+            except yaml.YAMLError as error:
+                raise DeployError(f'{path} is not valid YAML: {error}') from error
+        if not isinstance(dic, dict) or not isinstance(dic.get('Deploy'), dict):
+            raise DeployError(f'{path} has no `Deploy:` section; is it a deploy.yaml '
+                              f'written by export.py?')
+        self.path = path
+        self.dir = os.path.dirname(os.path.abspath(path))
+        self.dic = dic['Deploy']
+        for key in ('model', 'params'):
+            if key not in self.dic:
+                raise DeployError(f'{path}: Deploy.{key} is missing; export the model again.')
+        for file in (self.model, self.params):
+            if not os.path.isfile(file):
+                raise DeployError(f'model file not found: {file} (named by {path}). Export '
+                                  f'the model again, or keep deploy.yaml next to its files.')
+
+    def _file(self, key):
+        return os.path.join(self.dir, self.dic[key])
+
+    @property
+    def model(self):
+        return self._file('model')
+
+    @property
+    def params(self):
+        return self._file('params')
+
+    @property
+    def onnx(self):
+        """Path of model.onnx, or None when the export wrote none."""
+        return self._file('onnx') if self.dic.get('onnx') else None
+
+    @property
+    def transforms(self):
+        """The val transforms as written (a list of dicts)."""
+        return [dict(t) for t in self.dic.get('transforms') or [{'type': 'Normalize'}]]
+
+    @property
+    def input_shape(self):
+        """``[N, C, H, W]`` with -1 for a dynamic dimension."""
+        return [int(s) for s in self.dic.get('input_shape', [-1, 3, -1, -1])]
+
+    @property
+    def output_op(self):
+        return self.dic.get('output_op', 'argmax')
+
+    @property
+    def num_classes(self):
+        return self.dic.get('num_classes')
+
+    @property
+    def holds_custom_op(self):
+        if not hasattr(self, '_holds_custom_op'):
+            self._holds_custom_op = graph_holds_custom_op(self.model)
+        return self._holds_custom_op
+
+    def build_transforms(self):
+        """The val transforms as a paddleseg ``Compose`` (reads BGR, converts to RGB, CHW)."""
+        from paddleseg.cvlibs import manager
+        from paddleseg.transforms import Compose
+        ops = []
+        for spec in self.transforms:
+            spec = dict(spec)
+            name = spec.pop('type', None)
+            if name not in manager.TRANSFORMS.components_dict:
+                raise DeployError(f'{self.path}: unknown transform {name!r}; known: '
+                                  f'{sorted(manager.TRANSFORMS.components_dict)}.')
+            ops.append(manager.TRANSFORMS[name](**spec))
+        return Compose(ops)

@@ -1,0 +1,116 @@
+"""The work of ``deploy/python/infer.py``: an exported model over image files.
+
+Writes, like ``predict.py``, ``<save_dir>/pseudo_color_prediction/<rel>.png``
+(palette PNG of class ids) and ``<save_dir>/added_prediction/<rel>`` (the
+image blended with the class colours), and with ``benchmark=True`` prints the
+preprocess / inference / postprocess time per image as a table.
+"""
+import os
+
+import cv2
+import numpy as np
+from PIL import Image
+
+from psanet.core.logger import get_logger
+from psanet.core.predict import color_map, get_image_list
+
+from .config import DeployConfig, DeployError
+from .predictor import PaddleRunner
+from .processing import postprocess, preprocess
+from .timing import StageTimer, format_table
+
+__all__ = ['infer', 'save_prediction']
+
+# Benchmark: untimed runs of the first batch first, so that one-time work
+# (oneDNN primitive creation, allocator growth) is not counted.
+WARMUP_RUNS = 3
+
+
+def save_prediction(label, image, relative, save_dir, colors):
+    """Writes the pseudo-colour PNG and the overlay of one label map, as predict.py does.
+
+    Returns:
+        tuple: ``(pseudo colour path, overlay path)``.
+    """
+    pseudo_path = os.path.join(save_dir, 'pseudo_color_prediction',
+                               os.path.splitext(relative)[0] + '.png')
+    added_path = os.path.join(save_dir, 'added_prediction', relative)
+    for path in (pseudo_path, added_path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    mask = Image.fromarray(label)
+    mask.putpalette(colors)
+    mask.save(pseudo_path)
+    palette = np.asarray(colors, dtype='uint8').reshape(-1, 3)
+    overlay = cv2.addWeighted(image, 0.6, cv2.cvtColor(palette[label], cv2.COLOR_RGB2BGR),
+                              0.4, 0)
+    if not cv2.imwrite(added_path, overlay):
+        raise OSError(f'cannot write {added_path}: check the permissions and free space of '
+                      f'--save_dir.')
+    return pseudo_path, added_path
+
+
+def _batches(items, batch_size):
+    for start in range(0, len(items), batch_size):
+        yield items[start:start + batch_size]
+
+
+def infer(config, image_path, save_dir='./output', batch_size=1, device='cpu', use_trt=False,
+          precision='fp32', enable_mkldnn=False, cpu_threads=1, benchmark=False,
+          print_detail=False, model_name='', logger=None):
+    """Runs the exported model of ``config`` (deploy.yaml) over ``image_path``.
+
+    Args:
+        config (str): deploy.yaml, or the folder holding it.
+        image_path (str): an image, a folder of images, or a list file.
+        save_dir (str, optional): Output root. Default: './output'.
+        batch_size (int, optional): Images per predictor run. Default: 1.
+        device, use_trt, precision, enable_mkldnn, cpu_threads, print_detail: see
+            :func:`psanet.deploy.create_predictor`.
+        benchmark (bool, optional): Warm up, then print the per-image stage times. Default: False.
+        model_name (str, optional): Named in the benchmark table's title. Default: ''.
+        logger (logging.Logger, optional): Default: the engine's 'psanet' logger.
+
+    Returns:
+        dict: ``{'written': [(pseudo, overlay), ...], 'times': {stage: (mean, p50, p90)}}``.
+    """
+    logger = logger or get_logger()
+    if int(batch_size) < 1:
+        raise DeployError(f'--batch_size must be >= 1, got {batch_size}.')
+    deploy = DeployConfig(config)
+    images = get_image_list(image_path)
+    transforms = deploy.build_transforms()
+    runner = PaddleRunner(deploy, device=device, enable_mkldnn=enable_mkldnn,
+                          cpu_threads=cpu_threads, use_trt=use_trt, precision=precision,
+                          print_detail=print_detail)
+    logger.info(f'Inferring {len(images)} images with {deploy.model} on {device} '
+                f'(batch size {batch_size}, oneDNN {"on" if enable_mkldnn else "off"}) ...')
+    num_classes = deploy.num_classes or 19
+    colors = color_map(num_classes, cityscapes=num_classes == 19)
+    if benchmark:
+        first = [path for path, _ in images[:batch_size]]
+        for _ in range(WARMUP_RUNS):
+            batch, infos, _ = preprocess(first, transforms)
+            postprocess(runner.run(batch), deploy.output_op, infos)
+    timer = StageTimer()
+    written = []
+    for chunk in _batches(images, int(batch_size)):
+        paths = [path for path, _ in chunk]
+        with timer.stage('preprocess'):
+            batch, infos, originals = preprocess(paths, transforms)
+        with timer.stage('inference'):
+            output = runner.run(batch)
+        with timer.stage('postprocess'):
+            labels = postprocess(output, deploy.output_op, infos)
+        timer.end_batch(len(chunk))
+        for label, image, (_, relative) in zip(labels, originals, chunk):
+            written.append(save_prediction(label, image, relative, save_dir, colors))
+    logger.info(f'Results are saved in {os.path.join(save_dir, "pseudo_color_prediction")} '
+                f'and {os.path.join(save_dir, "added_prediction")} .')
+    times = timer.summary()
+    if benchmark:
+        prefix = f'{model_name}: ' if model_name else ''
+        title = (f'{prefix}ms per image over {len(images)} images, batch size {batch_size}, '
+                 f'{device}, oneDNN {"on" if enable_mkldnn else "off"}, '
+                 f'{cpu_threads} threads, {precision}:')
+        print(format_table(times, title), flush=True)
+    return {'written': written, 'times': times}

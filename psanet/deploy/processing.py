@@ -1,0 +1,76 @@
+"""Pre- and post-processing around an exported model: images in, label maps out."""
+import cv2
+import numpy as np
+
+from .config import DeployError
+
+__all__ = ['preprocess', 'postprocess', 'restore_label_map']
+
+
+def preprocess(image_paths, transforms):
+    """Reads images and applies the val transforms.
+
+    Args:
+        image_paths (list[str]): Image files (any format OpenCV reads).
+        transforms (paddleseg.transforms.Compose): From ``DeployConfig.build_transforms()``.
+
+    Returns:
+        tuple: ``(batch, trans_infos, images)``: float32 ``[N, 3, H, W]``; per image, the
+        shape changes the transforms made (undone by ``postprocess``); the BGR images read.
+    """
+    inputs, infos, images = [], [], []
+    for path in image_paths:
+        image = cv2.imread(path, cv2.IMREAD_COLOR)
+        if image is None:
+            raise DeployError(f'cannot read the image {path}: missing, empty or not an image.')
+        data = transforms({'img': image.astype('float32'), 'trans_info': []})
+        images.append(image)
+        inputs.append(data['img'])
+        infos.append(list(data['trans_info']))
+    shapes = {img.shape for img in inputs}
+    if len(shapes) > 1:
+        raise DeployError(f'the images of one batch must have one size after the transforms, '
+                          f'got {sorted(shapes)} for {image_paths}; use --batch_size 1.')
+    return np.ascontiguousarray(np.stack(inputs), dtype='float32'), infos, images
+
+
+def postprocess(output, output_op, trans_infos=None):
+    """Turns the model output into one uint8 label map per image.
+
+    Args:
+        output (np.ndarray): The exported model's output: int ``[N, 1, H, W]`` class ids
+            (``output_op='argmax'``) or float ``[N, C, H, W]`` ('softmax' or 'none').
+        output_op (str): What the exported graph ends with.
+        trans_infos (list, optional): From ``preprocess``; shape changes to undo.
+
+    Returns:
+        list[np.ndarray]: uint8 ``[H, W]`` label maps at each input image's size.
+    """
+    if output.ndim != 4:
+        raise DeployError(f'expected a 4-D model output, got shape {list(output.shape)}.')
+    if output_op == 'argmax':
+        labels = output[:, 0]
+    elif output_op in ('softmax', 'none'):
+        labels = np.argmax(output, axis=1)
+    else:
+        raise DeployError(f"unknown output_op {output_op!r} in deploy.yaml; expected "
+                          "'argmax', 'softmax' or 'none'.")
+    labels = labels.astype('uint8')
+    trans_infos = trans_infos or [[] for _ in range(len(labels))]
+    return [restore_label_map(label, info) for label, info in zip(labels, trans_infos)]
+
+
+def restore_label_map(label, trans_info):
+    """Undoes the transforms' resizes and paddings on a label map (nearest neighbour).
+
+    Mirrors paddleseg's ``reverse_transform``, which does the same on logits.
+    """
+    for kind, (height, width) in reversed(trans_info):
+        if kind == 'resize':
+            label = cv2.resize(label, (int(width), int(height)),
+                               interpolation=cv2.INTER_NEAREST)
+        elif kind == 'padding':
+            label = label[:int(height), :int(width)]
+        else:
+            raise DeployError(f'cannot undo the transform step {kind!r}.')
+    return label

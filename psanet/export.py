@@ -1,0 +1,226 @@
+"""Exports a trained PSANet to a Paddle inference model (and optionally ONNX).
+
+Writes what Paddle 3 saves (``model.json`` + ``model.pdiparams``) and a
+``deploy.yaml`` naming those files, the val transforms, the input shape, the
+output op and which PSA mask implementation the graph holds:
+
+* ``psa_impl='custom'``: the C++/CUDA op, fastest; the runtime must load the op
+  library before creating the predictor (``psanet.deploy.create_predictor`` does).
+* ``psa_impl='paddle'``: standard Paddle ops only; runs with no op library and
+  converts to ONNX (``onnx=True``, paddle2onnx with ``optimize_tool='None'``),
+  keeping H and W dynamic.
+"""
+import os
+
+import paddle
+import paddle.nn as nn
+import yaml
+
+from psanet.ops import psa_impl as use_psa_impl
+
+__all__ = ['ExportedModel', 'export_model', 'export_onnx', 'export_from_config',
+           'parse_input_shape', 'OUTPUT_OPS', 'PSA_IMPLS']
+
+OUTPUT_OPS = ('argmax', 'softmax', 'none')
+PSA_IMPLS = ('custom', 'paddle')
+MODEL_FILE = 'model.json'
+PARAMS_FILE = 'model.pdiparams'
+ONNX_FILE = 'model.onnx'
+DEPLOY_FILE = 'deploy.yaml'
+ONNX_OPSET = 13
+INPUT_NAME = 'x'
+
+
+class ExportedModel(nn.Layer):
+    """The model's main logit followed by the output op, as the exported graph."""
+
+    def __init__(self, model, output_op):
+        super().__init__()
+        self.model = model
+        self.output_op = output_op
+
+    def forward(self, x):
+        logit = self.model(x)[0]
+        if self.output_op == 'argmax':
+            return paddle.argmax(logit, axis=1, keepdim=True, dtype='int32')
+        if self.output_op == 'softmax':
+            return nn.functional.softmax(logit, axis=1)
+        return logit
+
+
+def parse_input_shape(input_shape):
+    """``--input_shape`` -> ``[N, 3, H, W]`` with -1 for a dynamic dimension.
+
+    Args:
+        input_shape (list|None): Four ints or strings; None, 'None' or -1 mean dynamic.
+            None as a whole means ``[-1, 3, -1, -1]``.
+    """
+    if input_shape is None:
+        return [-1, 3, -1, -1]
+    shape = []
+    for value in input_shape:
+        if value is None or str(value).lower() in ('none', '-1'):
+            shape.append(-1)
+            continue
+        try:
+            size = int(value)
+        except (TypeError, ValueError):
+            size = 0
+        if size < 1:
+            shape = None
+            break
+        shape.append(size)
+    if shape is None or len(shape) != 4 or shape[1] != 3:
+        raise ValueError(f'--input_shape must be N 3 H W, each a positive int or None '
+                         f'(dynamic), e.g. `--input_shape 1 3 512 1024`; got {input_shape}.')
+    return shape
+
+
+def export_model(model, val_transforms, save_dir, input_shape=None, output_op='argmax',
+                 psa_impl='custom', onnx=False, num_classes=None):
+    """Saves ``model`` for deployment; returns the path of ``deploy.yaml``.
+
+    Args:
+        model (paddle.nn.Layer): A segmentation model whose forward returns a list of logits.
+        val_transforms (list[dict]): The config's val transforms, written to deploy.yaml.
+        save_dir (str): Output folder.
+        input_shape (list, optional): ``[N, C, H, W]``, None/-1 for a dynamic dimension;
+            None means ``[-1, 3, -1, -1]`` (dynamic batch and size). Default: None.
+        output_op (str, optional): 'argmax' (int32 class map [N, 1, H, W]),
+            'softmax' (probabilities) or 'none' (logits). Default: 'argmax'.
+        psa_impl (str, optional): 'custom' or 'paddle' (see module doc). Default: 'custom'.
+        onnx (bool, optional): Also write model.onnx (needs psa_impl='paddle'). Default: False.
+        num_classes (int, optional): Written to deploy.yaml for the colour map. Default: None.
+    """
+    if output_op not in OUTPUT_OPS:
+        raise ValueError(f'--output_op must be one of {OUTPUT_OPS}, got {output_op!r}.')
+    if psa_impl not in PSA_IMPLS:
+        raise ValueError(f'--psa_impl must be one of {PSA_IMPLS}, got {psa_impl!r}.')
+    if onnx and psa_impl != 'paddle':
+        raise ValueError('ONNX export needs the pure-Paddle op: add --psa_impl paddle '
+                         '(paddle2onnx cannot convert custom operators).')
+    shape = parse_input_shape(input_shape)
+    os.makedirs(save_dir, exist_ok=True)
+    was_training = model.training
+    wrapped = ExportedModel(model, output_op)
+    wrapped.eval()
+    spec = [paddle.static.InputSpec([None if s < 0 else s for s in shape], 'float32',
+                                    INPUT_NAME)]
+    try:
+        with use_psa_impl(psa_impl):
+            paddle.jit.save(wrapped, os.path.join(save_dir, 'model'), input_spec=spec)
+    finally:
+        if was_training:
+            model.train()
+    for name in (MODEL_FILE, PARAMS_FILE):
+        if not os.path.isfile(os.path.join(save_dir, name)):
+            raise RuntimeError(f'paddle.jit.save did not write {name} in {save_dir}; '
+                               f'found {sorted(os.listdir(save_dir))}.')
+    deploy = {
+        'model': MODEL_FILE,
+        'params': PARAMS_FILE,
+        'transforms': [dict(t) for t in val_transforms],
+        'input_shape': shape,
+        'output_op': output_op,
+        'output_dtype': 'int32' if output_op == 'argmax' else 'float32',
+        'psa_impl': psa_impl,
+    }
+    if num_classes is not None:
+        deploy['num_classes'] = int(num_classes)
+    if onnx:
+        export_onnx(save_dir)
+        deploy['onnx'] = ONNX_FILE
+    path = os.path.join(save_dir, DEPLOY_FILE)
+    with open(path, 'w') as f:
+        yaml.safe_dump({'Deploy': deploy}, f, sort_keys=False)
+    return path
+
+
+def export_onnx(save_dir):
+    """Converts the saved pure-Paddle model in ``save_dir`` to ``model.onnx``."""
+    try:
+        import paddle2onnx
+    except ImportError as error:
+        raise RuntimeError('ONNX export needs paddle2onnx: pip install paddle2onnx') from error
+    target = os.path.join(save_dir, ONNX_FILE)
+    paddle2onnx.export(os.path.join(save_dir, MODEL_FILE),
+                       os.path.join(save_dir, PARAMS_FILE), save_file=target,
+                       opset_version=ONNX_OPSET, enable_onnx_checker=True,
+                       optimize_tool='None')
+    if not os.path.isfile(target):
+        raise RuntimeError(f'paddle2onnx did not write {target}.')
+    return target
+
+
+def export_from_config(config, model_path, save_dir='output/inference_model', input_shape=None,
+                       output_op='argmax', psa_impl='custom', onnx=False, check_image_path=None,
+                       opts=None):
+    """export.py: builds the model from ``config``, loads ``model_path`` and exports it.
+
+    Args:
+        config (str): The training config (its model and val transforms are used).
+        model_path (str): model.pdparams or a checkpoint folder; None exports the
+            initial weights (with a warning), as PaddleSeg's export.py does.
+        save_dir, input_shape, output_op, psa_impl, onnx: see :func:`export_model`.
+        check_image_path (str, optional): Images (a file, folder or list) to run through
+            the dygraph model and the exported one (Paddle Inference on the CPU, oneDNN off
+            and on; onnxruntime too with ``onnx``), logging how far they agree. Default: None.
+        opts (list, optional): ``key=value`` config overrides. Default: None.
+
+    Returns:
+        str: the path of deploy.yaml.
+    """
+    from psanet.core.checkpoint import load_model_weights
+    from psanet.core.config import ComponentBuilder, load_config
+    from psanet.core.errors import ConfigError
+    from psanet.core.logger import get_logger
+    logger = get_logger()
+    for name, value, choices in (('--output_op', output_op, OUTPUT_OPS),
+                                 ('--psa_impl', psa_impl, PSA_IMPLS)):
+        if value not in choices:
+            raise ConfigError(f'{name} must be one of {choices}, got {value!r}.')
+    if onnx and psa_impl != 'paddle':
+        raise ConfigError('--onnx needs the pure-Paddle op: add --psa_impl paddle '
+                          '(paddle2onnx cannot convert custom operators).')
+    try:
+        shape = parse_input_shape(input_shape)
+    except ValueError as error:
+        raise ConfigError(str(error)) from error
+    paddle.set_device('cpu')
+    cfg = load_config(config, opts=opts)
+    builder = ComponentBuilder(cfg)
+    model = builder.model
+    if model_path:
+        logger.info(f'Loaded weights {load_model_weights(model, model_path)}')
+    else:
+        logger.warning('No --model_path: exporting the initial (untrained) weights.')
+    val_transforms = (cfg.dic.get('val_dataset') or {}).get('transforms') or \
+        [{'type': 'Normalize'}]
+    val_class = builder.val_dataset_class if cfg.dic.get('val_dataset') else None
+    num_classes = getattr(model, 'num_classes', None) or \
+        cfg.dic.get('model', {}).get('num_classes') or getattr(val_class, 'NUM_CLASSES', None)
+    path = export_model(model, val_transforms, save_dir, input_shape=shape,
+                        output_op=output_op, psa_impl=psa_impl, onnx=onnx,
+                        num_classes=num_classes)
+    logger.info(f'Exported the model ({psa_impl} psa_mask, input {shape}, output '
+                f'{output_op}) to {save_dir}; deploy config {path}.')
+    if check_image_path:
+        _check_export(model, path, check_image_path, logger)
+    return path
+
+
+def _check_export(model, deploy_path, image_path, logger):
+    from psanet.core.predict import get_image_list
+    from psanet.deploy.check import compare_with_dygraph
+    from psanet.deploy.config import DeployConfig
+    images = [path for path, _ in get_image_list(image_path)]
+    checks = [('Paddle Inference, CPU, oneDNN off', {'enable_mkldnn': False}),
+              ('Paddle Inference, CPU, oneDNN on', {'enable_mkldnn': True})]
+    if DeployConfig(deploy_path).onnx:
+        checks.append(('onnxruntime, CPU', {'backend': 'onnxruntime'}))
+    for name, options in checks:
+        result = compare_with_dygraph(model, deploy_path, images, **options)
+        diff = '' if result['max_abs_diff'] is None else \
+            f', max |output - dygraph| {result["max_abs_diff"]:.1e}'
+        logger.info(f'Exported model ({name}) vs dygraph on {result["images"]} images: '
+                    f'{result["pixel_agreement"] * 100:.3f}% of pixels agree{diff}.')

@@ -1,0 +1,130 @@
+"""Tiny fixtures for the engine tests: a toy dataset, a two-layer model, and configs for them.
+
+The toy dataset paints each image in bands of a few flat colours, one colour
+per class, with a ring of ignore (255) pixels, so a two-layer network learns
+it in a few dozen iterations on a CPU.
+"""
+import os
+
+import cv2
+import numpy as np
+import paddle.nn as nn
+import paddle.nn.functional as F
+import yaml
+from paddleseg.cvlibs import manager
+from paddleseg.models import layers
+
+import psanet  # noqa: F401  (compat fixes, PSANet registration)
+
+# BGR colours of the toy classes (and of class ids beyond, for bad-label tests).
+TOY_COLORS = np.array([[40, 40, 200], [40, 200, 40], [200, 40, 40], [200, 200, 40]], np.uint8)
+
+
+class TinySegNet(nn.Layer):
+    """Two ConvBNReLU layers and a 1x1 classifier; an auxiliary logit while training.
+
+    Args:
+        num_classes (int): number of classes.
+        in_channels (int, optional): Default: 3.
+        channels (int, optional): Default: 8.
+        enable_auxiliary_loss (bool, optional): Default: True.
+        dropout (float, optional): Dropout2D before the classifier. Default: 0.1.
+    """
+
+    def __init__(self, num_classes, in_channels=3, channels=8, enable_auxiliary_loss=True,
+                 dropout=0.1):
+        super().__init__()
+        self.num_classes = num_classes
+        self.stem = layers.ConvBNReLU(in_channels, channels, 3, stride=2, padding=1)
+        self.body = layers.ConvBNReLU(channels, channels, 3, padding=1)
+        self.dropout = nn.Dropout2D(dropout)
+        self.classifier = nn.Conv2D(channels, num_classes, 1)
+        self.aux = nn.Conv2D(channels, num_classes, 1) if enable_auxiliary_loss else None
+
+    def forward(self, x):
+        stem = self.stem(x)
+        logits = [self.classifier(self.dropout(self.body(stem)))]
+        if self.training and self.aux is not None:
+            logits.append(self.aux(stem))
+        return [F.interpolate(l, x.shape[2:], mode='bilinear') for l in logits]
+
+
+if 'TinySegNet' not in manager.MODELS.components_dict:
+    manager.MODELS.add_component(TinySegNet)
+
+
+def toy_sample(rng, size=(64, 32), num_classes=3):
+    """(BGR image, label) with vertical bands of random classes and an ignore border."""
+    width, height = size
+    cuts = np.sort(rng.choice(np.arange(8, width - 8), size=2, replace=False))
+    classes = rng.integers(0, num_classes, size=3)
+    label = np.zeros((height, width), np.uint8)
+    label[:, :cuts[0]] = classes[0]
+    label[:, cuts[0]:cuts[1]] = classes[1]
+    label[:, cuts[1]:] = classes[2]
+    image = TOY_COLORS[label].astype(np.int16)
+    image += rng.integers(-10, 11, size=image.shape).astype(np.int16)
+    label[0, :] = 255
+    label[-1, :] = 255
+    return np.clip(image, 0, 255).astype(np.uint8), label
+
+
+def write_toy_dataset(root, num_train=4, num_val=4, size=(64, 32), num_classes=3, seed=0,
+                      val_is_train=False):
+    """Writes images/, labels/, train.txt and val.txt under ``root``; returns root.
+
+    With ``val_is_train`` val.txt lists the training images (for overfitting checks).
+    """
+    rng = np.random.default_rng(seed)
+    os.makedirs(os.path.join(root, 'images'), exist_ok=True)
+    os.makedirs(os.path.join(root, 'labels'), exist_ok=True)
+    lines = {'train': [], 'val': []}
+    for split, count in (('train', num_train), ('val', num_val)):
+        for i in range(count):
+            image, label = toy_sample(rng, size, num_classes)
+            name = f'{split}_{i:03d}'
+            cv2.imwrite(os.path.join(root, 'images', name + '.jpg'), image,
+                        [cv2.IMWRITE_JPEG_QUALITY, 100])
+            cv2.imwrite(os.path.join(root, 'labels', name + '.png'), label)
+            lines[split].append(f'images/{name}.jpg labels/{name}.png')
+    if val_is_train:
+        lines['val'] = list(lines['train'])
+    for split, entries in lines.items():
+        with open(os.path.join(root, f'{split}.txt'), 'w') as f:
+            f.write('\n'.join(entries) + '\n')
+    return root
+
+
+def toy_config(root, iters=20, batch_size=2, num_classes=3, learning_rate=0.1, aux=True,
+               dataset_type='Dataset', model=None, train_transforms=None):
+    """A config dict for the toy dataset (or a Cityscapes folder with dataset_type='Cityscapes')."""
+    if train_transforms is None:
+        train_transforms = [{'type': 'RandomHorizontalFlip'}, {'type': 'Normalize'}]
+
+    def dataset(mode, transforms):
+        cfg = {'type': dataset_type, 'dataset_root': root, 'transforms': transforms, 'mode': mode}
+        if dataset_type == 'Dataset':
+            cfg['num_classes'] = num_classes
+            cfg[f'{mode}_path'] = os.path.join(root, f'{mode}.txt')
+        return cfg
+
+    return {
+        'batch_size': batch_size,
+        'iters': iters,
+        'train_dataset': dataset('train', train_transforms),
+        'val_dataset': dataset('val', [{'type': 'Normalize'}]),
+        'model': model or {'type': 'TinySegNet', 'num_classes': num_classes,
+                           'enable_auxiliary_loss': aux},
+        'optimizer': {'type': 'Momentum', 'momentum': 0.9, 'weight_decay': 1.0e-4},
+        'lr_scheduler': {'type': 'PolynomialDecay', 'learning_rate': learning_rate,
+                         'end_lr': 0.0, 'power': 0.9},
+        'loss': {'types': [{'type': 'CrossEntropyLoss'}] * (2 if aux else 1),
+                 'coef': [1, 0.4] if aux else [1]},
+    }
+
+
+def write_config(path, config):
+    """Writes a config dict as YAML and returns the path."""
+    with open(path, 'w') as f:
+        yaml.safe_dump(config, f)
+    return str(path)

@@ -1,0 +1,116 @@
+"""Two CPU processes (paddle.distributed.launch): synced training, global loss, samplers, eval.
+
+One launch runs a worker script that trains, samples and evaluates, and
+dumps what each rank saw; the test compares the ranks with each other and
+with a single-process evaluation in this process.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import paddle
+
+import engine_helpers as helpers
+from psanet.core.checkpoint import save_checkpoint
+from psanet.core.config import ComponentBuilder, load_config
+from psanet.core.val import evaluate
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(TESTS)
+
+WORKER = r'''
+import json, os, sys
+sys.path[:0] = [{tests!r}, {repo!r}]
+import numpy as np
+import paddle
+import engine_helpers  # noqa: F401  (registers TinySegNet)
+from psanet.core import dist
+from psanet.core.checkpoint import load_model_weights
+from psanet.core.config import ComponentBuilder, load_config
+from psanet.core.loader import TrainBatchSampler
+from psanet.core.train import train
+from psanet.core.val import evaluate
+
+out, config, weights = sys.argv[1:4]
+paddle.set_device('cpu')
+dist.init_parallel()
+rank = dist.rank()
+paddle.seed(100 + rank)  # different initial weights: DataParallel must make them equal
+builder = ComponentBuilder(load_config(config))
+model = builder.model
+result = train(model, builder.dataset('train'), builder.optimizer, builder.losses, iters=4,
+               batch_size=2, save_dir=os.path.join(out, 'train'), save_interval=4, log_iters=1,
+               seed=5)
+np.savez(os.path.join(out, 'params_%d.npz' % rank),
+         **{{k: v.numpy() for k, v in model.named_parameters() if v.trainable}})
+sampler = TrainBatchSampler(list(range(8)), batch_size=2)
+orders = []
+for epoch in range(3):
+    sampler.set_epoch(epoch)
+    orders.append([i for batch in sampler for i in batch])
+load_model_weights(model, weights)
+metrics = evaluate(model, builder.dataset('val'), print_detail=False)
+with open(os.path.join(out, 'rank_%d.json' % rank), 'w') as f:
+    json.dump({{'world_size': dist.world_size(), 'losses': result['losses'],
+               'local_losses': result['local_losses'], 'orders': orders,
+               'miou': metrics['miou'], 'areas': metrics['areas'].tolist()}}, f)
+'''
+
+
+def test_two_processes(tmp_path):
+    root = helpers.write_toy_dataset(str(tmp_path / 'toy'), num_train=8, num_val=5)
+    config = helpers.write_config(tmp_path / 'toy.yml', helpers.toy_config(root))
+    paddle.seed(7)
+    builder = ComponentBuilder(load_config(config))
+    model = builder.model
+    save_checkpoint(str(tmp_path / 'weights'), model)
+    expected = evaluate(model, builder.dataset('val'), print_detail=False)
+
+    worker = tmp_path / 'worker.py'
+    worker.write_text(WORKER.format(tests=TESTS, repo=REPO))
+    out = tmp_path / 'out'
+    os.makedirs(out)
+    done = subprocess.run(
+        [sys.executable, '-m', 'paddle.distributed.launch', '--nproc_per_node', '2',
+         '--log_dir', str(tmp_path / 'log'), str(worker), str(out), config,
+         str(tmp_path / 'weights')],
+        cwd=REPO, capture_output=True, text=True, timeout=400)
+    logs = ''.join(open(tmp_path / 'log' / name).read()[-3000:]
+                   for name in sorted(os.listdir(tmp_path / 'log')) if name.startswith('worker'))
+    assert done.returncode == 0, logs
+    ranks = [json.load(open(out / f'rank_{r}.json')) for r in range(2)]
+    assert [r['world_size'] for r in ranks] == [2, 2]
+
+    # The trainable parameters are identical on both ranks after training (BatchNorm's
+    # running statistics are per process on CPU, where there is no SyncBatchNorm).
+    params = [np.load(out / f'params_{r}.npz') for r in range(2)]
+    assert params[0].files and params[0].files == params[1].files
+    for key in params[0].files:
+        np.testing.assert_array_equal(params[0][key], params[1][key], err_msg=key)
+
+    # The logged loss is the mean of the two ranks' own losses, the same on both ranks.
+    local = np.array([r['local_losses'] for r in ranks])
+    assert not np.allclose(local[0], local[1])
+    np.testing.assert_allclose(ranks[0]['losses'], local.mean(0), rtol=1e-6)
+    assert ranks[0]['losses'] == ranks[1]['losses']
+
+    # Each epoch: the ranks' indices are disjoint and cover the data; epochs reshuffle.
+    for epoch in range(3):
+        first, second = (r['orders'][epoch] for r in ranks)
+        assert not set(first) & set(second)
+        assert sorted(first + second) == list(range(8))
+    assert ranks[0]['orders'][0] != ranks[0]['orders'][1] != ranks[0]['orders'][2]
+
+    # Distributed evaluation of 5 images on 2 ranks equals single-process evaluation.
+    for rank in ranks:
+        np.testing.assert_array_equal(rank['areas'], expected['areas'])
+        assert rank['miou'] == expected['miou']
+
+    # Only rank 0 writes logs and checkpoints.
+    assert os.listdir(out / 'train') and 'iter_4' in os.listdir(out / 'train')
+    worker_logs = {n: open(tmp_path / 'log' / n).read() for n in os.listdir(tmp_path / 'log')
+                   if n.startswith('workerlog')}
+    assert '[TRAIN]' in worker_logs['workerlog.0'] and '[TRAIN]' not in worker_logs['workerlog.1']
+    assert 'plain BatchNorm per process (2 CPU processes' in worker_logs['workerlog.0']

@@ -1,0 +1,292 @@
+"""psanet.core.val / metrics / infer and val.py, against independent numpy computations."""
+import glob
+import os
+import subprocess
+import sys
+
+import cv2
+import numpy as np
+import paddle
+import paddle.nn as nn
+import paddle.nn.functional as F
+import pytest
+
+import engine_helpers as helpers
+from psanet.core import infer
+from psanet.core.checkpoint import save_checkpoint
+from psanet.core.config import ComponentBuilder, load_config
+from psanet.core.errors import CheckpointError, ConfigError, run_cli
+from psanet.core.metrics import class_areas, summarize
+from psanet.core.val import evaluate, evaluate_from_config, prediction_file_name
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+IGNORE = 255
+
+
+def numpy_metrics(pred, label, num_classes):
+    """mIoU, accuracy, kappa, Dice, precision and recall from a numpy confusion matrix."""
+    keep = label != IGNORE
+    confusion = np.bincount(label[keep].astype(np.int64) * num_classes + pred[keep],
+                            minlength=num_classes**2).reshape(num_classes, num_classes)
+    tp = np.diag(confusion).astype(np.float64)
+    label_area, pred_area = confusion.sum(1), confusion.sum(0)
+    union = label_area + pred_area - tp
+
+    def ratio(a, b):
+        return np.where(b > 0, a / np.maximum(b, 1), 0.0)
+
+    total = confusion.sum()
+    expected = (pred_area * label_area).sum() / total**2
+    return {'class_iou': ratio(tp, union), 'miou': ratio(tp, union).mean(),
+            'acc': tp.sum() / total, 'kappa': (tp.sum() / total - expected) / (1 - expected),
+            'class_dice': ratio(2 * tp, label_area + pred_area),
+            'class_precision': ratio(tp, pred_area), 'class_recall': ratio(tp, label_area)}
+
+
+def assert_metrics_equal(got, expected):
+    for key, value in expected.items():
+        np.testing.assert_allclose(got[key], value, rtol=1e-9, atol=1e-12, err_msg=key)
+
+
+def test_metrics_match_numpy_confusion():
+    rng = np.random.default_rng(0)
+    num_classes = 6
+    label = rng.integers(0, num_classes - 1, size=(3, 1, 13, 17))  # class 5 never in the labels
+    label[rng.random(label.shape) < 0.2] = IGNORE
+    pred = rng.integers(0, num_classes - 1, size=label.shape)
+    pred[0, 0, 0, :4] = 5                                          # ... but predicted
+    areas = class_areas(paddle.to_tensor(pred, dtype='int32'), paddle.to_tensor(label), num_classes)
+    got = summarize(areas)
+    assert_metrics_equal(got, numpy_metrics(pred, label, num_classes))
+    assert got['class_iou'][5] == 0
+
+
+@pytest.fixture
+def toy(tmp_path):
+    root = helpers.write_toy_dataset(str(tmp_path / 'toy'), num_train=2, num_val=5)
+    return helpers.write_config(tmp_path / 'toy.yml', helpers.toy_config(root)), root
+
+
+def _model_and_val(config_path, seed=0):
+    paddle.seed(seed)
+    builder = ComponentBuilder(load_config(config_path))
+    model = builder.model
+    model.eval()
+    return model, builder.dataset('val')
+
+
+def _normalised(path):
+    image = cv2.cvtColor(cv2.imread(path), cv2.COLOR_BGR2RGB).astype(np.float32)
+    return paddle.to_tensor(((image / 255.0 - 0.5) / 0.5).transpose(2, 0, 1)[None])
+
+
+def test_evaluate_matches_independent_prediction(toy):
+    config_path, root = toy
+    model, dataset = _model_and_val(config_path)
+    result = evaluate(model, dataset, print_detail=False)
+    preds, labels = [], []
+    with paddle.no_grad():
+        for image_path, label_path in dataset.file_list:
+            preds.append(model(_normalised(image_path))[0].numpy().argmax(1))
+            labels.append(cv2.imread(label_path, cv2.IMREAD_UNCHANGED)[None])
+    expected = numpy_metrics(np.stack(preds), np.stack(labels), 3)
+    assert result['num_images'] == 5
+    assert_metrics_equal(result, expected)
+
+
+def test_reverse_transform_undoes_padding_then_resize():
+    # Transforms recorded resize (from 16x32) then padding (from 12x20): undo padding first.
+    valid = paddle.ones([1, 2, 12, 20])
+    padded = F.pad(valid, [0, 4, 0, 6], value=100.0)
+    restored = infer.reverse_transform(padded, [('resize', [16, 32]), ('padding', [12, 20])])
+    assert restored.shape == [1, 2, 16, 32]
+    np.testing.assert_allclose(restored.numpy(), 1.0)
+    with pytest.raises(ValueError, match='unknown trans_info'):
+        infer.reverse_transform(padded, [('rotate', [1, 1])])
+
+
+def test_evaluate_resized_input_is_scored_at_label_size(tmp_path):
+    root = helpers.write_toy_dataset(str(tmp_path / 'toy'), num_train=2, num_val=3)
+    config = helpers.toy_config(root)
+    config['val_dataset']['transforms'] = [{'type': 'Resize', 'target_size': [32, 16]},
+                                           {'type': 'Normalize'}]
+    model, dataset = _model_and_val(helpers.write_config(tmp_path / 'toy.yml', config))
+    result = evaluate(model, dataset, print_detail=False)
+    preds, labels = [], []
+    with paddle.no_grad():
+        for image_path, label_path in dataset.file_list:
+            image = cv2.cvtColor(cv2.imread(image_path), cv2.COLOR_BGR2RGB).astype(np.float32)
+            image = cv2.resize(image, (32, 16), interpolation=cv2.INTER_LINEAR)
+            x = paddle.to_tensor(((image / 255.0 - 0.5) / 0.5).transpose(2, 0, 1)[None])
+            logit = F.interpolate(model(x)[0], [32, 64], mode='bilinear')
+            preds.append(logit.numpy().argmax(1))
+            labels.append(cv2.imread(label_path, cv2.IMREAD_UNCHANGED)[None])
+    assert_metrics_equal(result, numpy_metrics(np.stack(preds), np.stack(labels), 3))
+
+
+class _WindowMean(nn.Layer):
+    """Logits that depend on where the window is: every pixel gets the window's mean."""
+
+    def forward(self, x):
+        return [paddle.mean(x, axis=[2, 3], keepdim=True).expand_as(x)]
+
+
+def _numpy_slide(image, crop, stride):
+    height, width = image.shape[-2:]
+    total = np.zeros_like(image, dtype=np.float64)
+    count = np.zeros((height, width))
+
+    def starts(size, window, step):
+        if size <= window:
+            return [0]
+        values = list(range(0, size - window + 1, step))
+        return values + ([size - window] if values[-1] + window < size else [])
+
+    for y in starts(height, crop[1], stride[1]):
+        for x in starts(width, crop[0], stride[0]):
+            window = image[..., y:y + crop[1], x:x + crop[0]]
+            total[..., y:y + crop[1], x:x + crop[0]] += window.mean(axis=(-2, -1), keepdims=True)
+            count[y:y + crop[1], x:x + crop[0]] += 1
+    return total / count
+
+
+@pytest.mark.parametrize('crop, stride', [((16, 8), (10, 5)), ((16, 8), (16, 8)),
+                                          ((7, 5), (3, 2)), ((64, 64), (8, 8))])
+def test_slide_inference_matches_numpy_window_average(crop, stride):
+    image = np.random.default_rng(1).normal(size=(1, 2, 21, 37)).astype(np.float32)
+    got = infer.slide_inference(_WindowMean(), paddle.to_tensor(image), crop, stride)
+    np.testing.assert_allclose(got.numpy(), _numpy_slide(image, crop, stride), rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_slide_covering_the_image_equals_whole_image_inference(toy):
+    config_path, _ = toy
+    model, dataset = _model_and_val(config_path)
+    x = _normalised(dataset.file_list[0][0])
+    whole = infer.inference(model, x)
+    for crop in ((64, 32), (100, 50)):
+        slide = infer.inference(model, x, is_slide=True, crop_size=crop, stride=(8, 8))
+        np.testing.assert_array_equal(slide.numpy(), whole.numpy())
+    # A per-pixel model gives the same logits from any overlapping windows.
+    pointwise = nn.Conv2D(3, 4, 1)
+    pointwise_model = lambda t: [pointwise(t)]  # noqa: E731
+    np.testing.assert_allclose(
+        infer.slide_inference(pointwise_model, x, (24, 12), (10, 6)).numpy(),
+        pointwise(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_slide_arguments_are_checked():
+    with pytest.raises(ConfigError, match='larger than --crop_size'):
+        infer.slide_windows(32, 64, (16, 8), (20, 4))
+    with pytest.raises(ConfigError, match='two positive ints'):
+        infer.slide_windows(32, 64, None, (4, 4))
+
+
+def test_aug_inference_averages_flipped_softmax(toy):
+    config_path, _ = toy
+    model, dataset = _model_and_val(config_path)
+    x = _normalised(dataset.file_list[1][0])
+    got = infer.aug_inference(model, x, flip_horizontal=True, flip_vertical=True).numpy()
+
+    def probs(array):
+        with paddle.no_grad():
+            return F.softmax(model(paddle.to_tensor(np.ascontiguousarray(array)))[0], 1).numpy()
+
+    image = x.numpy()
+    expected = (probs(image) + probs(image[..., ::-1])[..., ::-1] +
+                probs(image[..., ::-1, :])[..., ::-1, :] +
+                probs(image[..., ::-1, ::-1])[..., ::-1, ::-1]) / 4
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    scaled = infer.aug_inference(model, x, scales=[0.5, 1.0, 1.5]).numpy()
+    assert scaled.shape == got.shape
+    np.testing.assert_allclose(scaled.sum(1), 1.0, rtol=1e-5)
+    with pytest.raises(ConfigError, match='--scales'):
+        infer.aug_inference(model, x, scales=[0.0])
+
+
+def test_evaluate_aug_and_slide_options(toy):
+    config_path, _ = toy
+    model, dataset = _model_and_val(config_path)
+    plain = evaluate(model, dataset, print_detail=False)
+    covering = evaluate(model, dataset, is_slide=True, crop_size=(64, 32), stride=(32, 16),
+                        print_detail=False)
+    np.testing.assert_array_equal(covering['areas'], plain['areas'])
+    for options in (dict(aug_eval=True, scales=[0.75, 1.0], flip_horizontal=True),
+                    dict(is_slide=True, crop_size=(32, 16), stride=(16, 8)),
+                    dict(aug_eval=True, flip_vertical=True, is_slide=True, crop_size=(32, 32),
+                         stride=(16, 16))):
+        result = evaluate(model, dataset, print_detail=False, **options)
+        assert 0 <= result['miou'] <= 1
+        assert result['areas'][2].sum() == plain['areas'][2].sum()  # same labelled pixels
+
+
+def _official_evaluation(results_dir, cityscapes_root):
+    from cityscapesscripts.evaluation import evalPixelLevelSemanticLabeling as official
+    args = official.args
+    args.predictionPath, args.predictionWalk = results_dir, None
+    args.evalInstLevelScore, args.JSONOutput, args.quiet = False, False, True
+    ground_truth = sorted(glob.glob(os.path.join(cityscapes_root, 'gtFine', 'val', '*',
+                                                 '*_gtFine_labelIds.png')))
+    predictions = [official.getPrediction(args, gt) for gt in ground_truth]
+    return official.evaluateImgLists(predictions, ground_truth, args)['classScores']
+
+
+def test_val_save_dir_feeds_the_official_cityscapes_evaluator(tmp_path):
+    from cityscapesscripts.helpers.labels import trainId2label
+    from psanet.data import generate_mini_cityscapes
+    root = str(tmp_path / 'mini')
+    generate_mini_cityscapes(root, num_train=1, num_val=3, size=(64, 32), seed=1)
+    config = helpers.toy_config(root, num_classes=19, dataset_type='Cityscapes')
+    model, dataset = _model_and_val(helpers.write_config(tmp_path / 'city.yml', config))
+    save_dir = str(tmp_path / 'results')
+    result = evaluate(model, dataset, save_dir=save_dir, print_detail=False)
+    written = sorted(os.path.relpath(p, save_dir)
+                     for p in glob.glob(os.path.join(save_dir, '*', '*.png')))
+    image_root = os.path.join(root, 'leftImg8bit', 'val')
+    expected = sorted(os.path.relpath(image, image_root).replace('_leftImg8bit', '_labelIds')
+                      for image, _ in dataset.file_list)
+    assert written == expected
+    scores = _official_evaluation(save_dir, root)
+    areas = result['areas']
+    for train_id in range(19):
+        official = scores[trainId2label[train_id].name]
+        if areas[1, train_id] + areas[2, train_id] == 0:
+            assert np.isnan(official)  # neither predicted nor present
+        else:
+            assert official == pytest.approx(result['class_iou'][train_id], abs=1e-12)
+
+
+def test_prediction_file_names():
+    class Plain:
+        dataset_root, mode = '/data/toy', 'val'
+    assert prediction_file_name('/data/toy/images/a/b.jpg', Plain()) == 'images/a/b.png'
+    assert prediction_file_name('/elsewhere/c.jpg', Plain()) == 'c.png'
+
+
+def test_bad_model_path_is_a_clear_error(tmp_path, toy, capsys):
+    config_path, _ = toy
+    with pytest.raises(CheckpointError, match='does not exist'):
+        evaluate_from_config(config_path, str(tmp_path / 'missing.pdparams'), device='cpu')
+    paddle.seed(0)
+    save_checkpoint(str(tmp_path / 'other'), helpers.TinySegNet(5))
+    code = run_cli(evaluate_from_config, config_path, str(tmp_path / 'other'), device='cpu')
+    err = capsys.readouterr().err
+    assert code == 2 and 'Traceback' not in err
+    assert 'classifier.weight (file [5, 8, 1, 1], model [3, 8, 1, 1])' in err
+
+
+def test_val_py_exit_code_on_bad_model_path(tmp_path):
+    from psanet.data import generate_mini_cityscapes
+    root = str(tmp_path / 'mini')
+    generate_mini_cityscapes(root, num_train=1, num_val=1, size=(64, 32), seed=0)
+    config = os.path.join(REPO, 'configs', 'psanet',
+                          'psanet_resnet18_os8_mini_cityscapes_256x128_1k.yml')
+    missing = str(tmp_path / 'nope' / 'model.pdparams')
+    done = subprocess.run([sys.executable, os.path.join(REPO, 'val.py'), '--config', config,
+                           '--model_path', missing, '--device', 'cpu', '--opts',
+                           f'val_dataset.dataset_root={root}',
+                           f'train_dataset.dataset_root={root}'],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.startswith(f'error: --model_path {missing} does not exist'), done.stderr
+    assert 'Traceback' not in done.stderr

@@ -1,0 +1,223 @@
+"""Export: one dynamic export agrees with the dygraph model in paddle.jit.load, the
+inference predictor (oneDNN off and on) and onnxruntime at two input sizes; fixed
+shapes, output ops, which graphs hold the custom op, and bad arguments."""
+import glob
+import os
+import subprocess
+import sys
+
+import numpy as np
+import paddle
+import pytest
+import yaml
+from paddleseg.cvlibs import Config, SegBuilder
+
+import psanet  # noqa: F401  (registers PSANet)
+from psanet.deploy import DeployConfig, DeployError, OnnxRunner, PaddleRunner
+from psanet.deploy.config import graph_holds_custom_op
+from psanet.export import export_model, parse_input_shape
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MINI_CONFIG = sorted(glob.glob(os.path.join(ROOT, 'configs', 'psanet', '*mini*.yml')))[0]
+TOL = 1e-4
+# Two sizes for one dynamic export; neither is the training crop, and batch 2 on one.
+SHAPES = [(1, 3, 64, 128), (2, 3, 80, 96)]
+
+
+def build_mini_model():
+    cfg = Config(MINI_CONFIG)
+    cfg.dic['model']['pretrained'] = None
+    cfg.dic['model']['backbone']['pretrained'] = None
+    paddle.seed(0)
+    model = SegBuilder(cfg).model
+    model.eval()
+    return cfg, model
+
+
+def inputs(shape, seed=3):
+    # Seed 3: no pixel of the untrained model's output is near a tie (asserted below).
+    return np.random.RandomState(seed).uniform(-1, 1, shape).astype('float32')
+
+
+@pytest.fixture(scope='module')
+def exported(tmp_path_factory):
+    """The untrained mini model, its dygraph logits, and dynamic exports of both op forms."""
+    cfg, model = build_mini_model()
+    root = tmp_path_factory.mktemp('export')
+    dirs = {
+        'custom': str(root / 'custom'),
+        'paddle': str(root / 'paddle'),
+    }
+    export_model(model, cfg.dic['val_dataset']['transforms'], dirs['custom'],
+                 output_op='none', psa_impl='custom')
+    export_model(model, cfg.dic['val_dataset']['transforms'], dirs['paddle'],
+                 output_op='none', psa_impl='paddle', onnx=True)
+    logits = {}
+    with paddle.no_grad():
+        for shape in SHAPES:
+            logits[shape] = model(paddle.to_tensor(inputs(shape)))[0].numpy()
+    return model, dirs, logits
+
+
+def assert_agrees(got, want, where):
+    assert got.shape == want.shape, where
+    # Logits within TOL can only flip an argmax where the top two are closer than
+    # 2*TOL; make sure the inputs have no such pixel, so argmax must be identical.
+    top2 = np.sort(want, axis=1)[:, -2:]
+    assert (top2[:, 1] - top2[:, 0]).min() > 2 * TOL, 'inputs too close to a tie'
+    np.testing.assert_allclose(got, want, rtol=0, atol=TOL, err_msg=where)
+    np.testing.assert_array_equal(got.argmax(1), want.argmax(1), err_msg=where)
+
+
+@pytest.mark.parametrize('impl', ['custom', 'paddle'])
+def test_jit_load_agrees_with_dygraph(exported, impl):
+    _, dirs, logits = exported
+    loaded = paddle.jit.load(os.path.join(dirs[impl], 'model'))
+    loaded.eval()
+    for shape in SHAPES:
+        with paddle.no_grad():
+            got = loaded(paddle.to_tensor(inputs(shape))).numpy()
+        assert_agrees(got, logits[shape], f'jit.load {impl} {shape}')
+
+
+@pytest.mark.parametrize('impl', ['custom', 'paddle'])
+@pytest.mark.parametrize('enable_mkldnn', [False, True])
+def test_predictor_agrees_with_dygraph(exported, impl, enable_mkldnn):
+    _, dirs, logits = exported
+    runner = PaddleRunner(os.path.join(dirs[impl], 'deploy.yaml'), device='cpu',
+                          enable_mkldnn=enable_mkldnn, cpu_threads=1)
+    for shape in SHAPES:
+        got = runner.run(inputs(shape))
+        assert_agrees(got, logits[shape], f'predictor {impl} mkldnn={enable_mkldnn} {shape}')
+
+
+def test_onnxruntime_agrees_with_dygraph(exported):
+    _, dirs, logits = exported
+    runner = OnnxRunner(os.path.join(dirs['paddle'], 'deploy.yaml'))
+    for shape in SHAPES:
+        assert_agrees(runner.run(inputs(shape)), logits[shape], f'onnxruntime {shape}')
+
+
+def test_deploy_yaml_names_what_was_exported(exported):
+    _, dirs, _ = exported
+    for impl in ('custom', 'paddle'):
+        with open(os.path.join(dirs[impl], 'deploy.yaml')) as f:
+            deploy = yaml.safe_load(f)['Deploy']
+        assert deploy['psa_impl'] == impl
+        assert deploy['output_op'] == 'none'
+        assert deploy['input_shape'] == [-1, 3, -1, -1]
+        assert deploy['transforms'] == Config(MINI_CONFIG).dic['val_dataset']['transforms']
+        for key in ('model', 'params') + (('onnx',) if impl == 'paddle' else ()):
+            assert os.path.isfile(os.path.join(dirs[impl], deploy[key])), key
+    assert 'onnx' not in yaml.safe_load(open(os.path.join(dirs['custom'], 'deploy.yaml')))[
+        'Deploy']
+
+
+def test_only_the_custom_export_holds_the_custom_op(exported):
+    _, dirs, _ = exported
+    assert graph_holds_custom_op(os.path.join(dirs['custom'], 'model.json'))
+    assert not graph_holds_custom_op(os.path.join(dirs['paddle'], 'model.json'))
+    assert DeployConfig(dirs['custom']).holds_custom_op
+    assert not DeployConfig(dirs['paddle']).holds_custom_op
+
+
+def test_fixed_input_shape_with_argmax_and_softmax(exported, tmp_path):
+    model, _, logits = exported
+    shape = SHAPES[0]
+    want = logits[shape]
+    for output_op in ('argmax', 'softmax'):
+        save_dir = str(tmp_path / output_op)
+        export_model(model, [{'type': 'Normalize'}], save_dir, input_shape=list(shape),
+                     output_op=output_op)
+        runner = PaddleRunner(save_dir, device='cpu')
+        assert runner.deploy.input_shape == list(shape)
+        got = runner.run(inputs(shape))
+        if output_op == 'argmax':
+            assert got.shape == (shape[0], 1) + shape[2:]
+            np.testing.assert_array_equal(got[:, 0], want.argmax(1))
+        else:
+            e = np.exp(want - want.max(1, keepdims=True))
+            np.testing.assert_allclose(got, e / e.sum(1, keepdims=True), rtol=0, atol=1e-5)
+        with pytest.raises(DeployError, match='exported for input shape'):
+            runner.run(inputs((1, 3, 64, 96)))
+
+
+@pytest.mark.parametrize('text, want', [
+    (None, [-1, 3, -1, -1]),
+    (['None', '3', 'None', 'None'], [-1, 3, -1, -1]),
+    (['1', '3', '512', '1024'], [1, 3, 512, 1024]),
+    ([-1, 3, 256, -1], [-1, 3, 256, -1]),
+])
+def test_parse_input_shape(text, want):
+    assert parse_input_shape(text) == want
+
+
+@pytest.mark.parametrize('shape', [[1, 3, 64], [1, 1, 64, 64], ['a', 3, 4, 4], [0, 3, 8, 8]])
+def test_parse_input_shape_rejects(shape):
+    with pytest.raises(ValueError, match='--input_shape'):
+        parse_input_shape(shape)
+
+
+def test_export_rejects_bad_arguments(exported, tmp_path):
+    model = exported[0]
+    with pytest.raises(ValueError, match='--psa_impl paddle'):
+        export_model(model, [], str(tmp_path / 'a'), psa_impl='custom', onnx=True)
+    with pytest.raises(ValueError, match='--output_op'):
+        export_model(model, [], str(tmp_path / 'b'), output_op='max')
+    with pytest.raises(ValueError, match='--psa_impl'):
+        export_model(model, [], str(tmp_path / 'c'), psa_impl='cuda')
+
+
+def test_export_from_config_loads_the_weights(exported, tmp_path):
+    from psanet.export import export_from_config
+    model, _, logits = exported
+    weights = str(tmp_path / 'model.pdparams')
+    paddle.save(model.state_dict(), weights)
+    paddle.seed(123)  # the model export_from_config builds starts from other weights
+    save_dir = str(tmp_path / 'export')
+    export_from_config(MINI_CONFIG, weights, save_dir, input_shape=['1', '3', '64', '128'],
+                       output_op='none', psa_impl='paddle', onnx=True)
+    deploy = DeployConfig(save_dir)
+    assert deploy.input_shape == [1, 3, 64, 128] and deploy.num_classes == 19
+    assert deploy.output_op == 'none' and deploy.onnx and not deploy.holds_custom_op
+    shape = SHAPES[0]
+    assert_agrees(OnnxRunner(deploy).run(inputs(shape)), logits[shape], 'export_from_config')
+
+
+def test_compare_with_dygraph_tells_a_different_model_apart(exported, tmp_path):
+    import cv2
+
+    from psanet.deploy import compare_with_dygraph
+    model, dirs, _ = exported
+    image = str(tmp_path / 'image.png')
+    cv2.imwrite(image, np.random.RandomState(0).randint(0, 256, (64, 96, 3)).astype('uint8'))
+    same = compare_with_dygraph(model, dirs['custom'], [image], enable_mkldnn=True)
+    # oneDNN's convolutions round differently: ~1e-4 on logits of ~20 here.
+    assert same['pixel_agreement'] == 1.0 and same['max_abs_diff'] < 10 * TOL
+    paddle.seed(7)
+    other = SegBuilder(Config(MINI_CONFIG)).model
+    different = compare_with_dygraph(other, dirs['paddle'], [image], backend='onnxruntime')
+    assert different['pixel_agreement'] < 0.99 and different['max_abs_diff'] > 1.0
+
+
+def test_export_command_line_exits_2_on_a_missing_model(tmp_path):
+    result = subprocess.run([sys.executable, 'export.py', '--config', MINI_CONFIG,
+                             '--model_path', 'no/such/model.pdparams',
+                             '--save_dir', str(tmp_path / 'out')], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            timeout=300)
+    assert result.returncode == 2, result.stdout
+    assert 'does not exist' in result.stdout
+
+
+@pytest.mark.parametrize('options, message', [
+    ({'onnx': True}, '--psa_impl paddle'),
+    ({'input_shape': ['1', '3', 'x', '64']}, '--input_shape'),
+    ({'output_op': 'max'}, '--output_op'),
+])
+def test_export_from_config_rejects_bad_flags(tmp_path, options, message):
+    from psanet.core.errors import ConfigError
+    from psanet.export import export_from_config
+    with pytest.raises(ConfigError, match=message):
+        export_from_config(MINI_CONFIG, None, str(tmp_path / 'out'), **options)
+    assert not (tmp_path / 'out').exists()

@@ -1,0 +1,154 @@
+"""psanet.core.predict and predict.py: both outputs for a file, a folder and a list; bad input."""
+import os
+import shutil
+import subprocess
+import sys
+
+import cv2
+import numpy as np
+import paddle
+import pytest
+from PIL import Image
+
+import engine_helpers as helpers
+from psanet.core import infer
+from psanet.core.checkpoint import save_checkpoint
+from psanet.core.errors import ConfigError, DatasetError, run_cli
+from psanet.core.predict import color_map, get_image_list, predict_from_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def setup(tmp_path):
+    """A toy config, weights for it, and images in nested folders."""
+    root = helpers.write_toy_dataset(str(tmp_path / 'toy'), num_train=1, num_val=3)
+    config = helpers.write_config(tmp_path / 'toy.yml', helpers.toy_config(root))
+    paddle.seed(0)
+    model = helpers.TinySegNet(3)
+    save_checkpoint(str(tmp_path / 'weights'), model)
+    images = tmp_path / 'images'
+    os.makedirs(images / 'sub')
+    cv2.imwrite(str(images / 'a.png'), cv2.imread(os.path.join(root, 'images', 'val_000.jpg')))
+    shutil.copy(os.path.join(root, 'images', 'val_001.jpg'), images / 'sub' / 'b.jpg')
+    return config, str(tmp_path / 'weights'), images, model
+
+
+def _expected_pred(model, path):
+    image = cv2.cvtColor(cv2.imread(str(path)), cv2.COLOR_BGR2RGB).astype(np.float32)
+    x = paddle.to_tensor(((image / 255.0 - 0.5) / 0.5).transpose(2, 0, 1)[None])
+    model.eval()
+    with paddle.no_grad():
+        return model(x)[0].numpy().argmax(1)[0]
+
+
+def _check_outputs(save_dir, relative, image_path, model):
+    pseudo = os.path.join(save_dir, 'pseudo_color_prediction',
+                          os.path.splitext(relative)[0] + '.png')
+    added = os.path.join(save_dir, 'added_prediction', relative)
+    mask = Image.open(pseudo)
+    assert mask.mode == 'P'
+    pred = np.asarray(mask)
+    np.testing.assert_array_equal(pred, _expected_pred(model, image_path))
+    image = cv2.imread(str(image_path))
+    palette = np.asarray(mask.getpalette()[:768], np.uint8).reshape(-1, 3)
+    expected = cv2.addWeighted(image, 0.6, cv2.cvtColor(palette[pred], cv2.COLOR_RGB2BGR), 0.4, 0)
+    difference = np.abs(cv2.imread(added).astype(int) - expected)
+    if relative.endswith('.png'):
+        assert difference.max() == 0
+    else:  # the overlay keeps the input's .jpg name, so it went through JPEG's loss
+        assert difference.mean() < 8
+
+
+def test_predict_file_folder_and_list(tmp_path, setup):
+    config, weights, images, model = setup
+    out = str(tmp_path / 'file')
+    predict_from_config(config, weights, str(images / 'a.png'), save_dir=out, device='cpu')
+    _check_outputs(out, 'a.png', images / 'a.png', model)
+
+    out = str(tmp_path / 'folder')
+    written = predict_from_config(config, weights, str(images), save_dir=out, device='cpu')
+    assert len(written) == 2
+    _check_outputs(out, 'a.png', images / 'a.png', model)
+    _check_outputs(out, os.path.join('sub', 'b.jpg'), images / 'sub' / 'b.jpg', model)
+
+    listing = images / 'list.txt'
+    listing.write_text('sub/b.jpg\n\na.png ignored_second_column\n')
+    out = str(tmp_path / 'list')
+    predict_from_config(config, weights, str(listing), save_dir=out, device='cpu')
+    _check_outputs(out, os.path.join('sub', 'b.jpg'), images / 'sub' / 'b.jpg', model)
+    _check_outputs(out, 'a.png', images / 'a.png', model)
+
+
+def test_predict_augmented_and_sliding_window(tmp_path, setup):
+    config, weights, images, model = setup
+    out = str(tmp_path / 'aug')
+    predict_from_config(config, weights, str(images / 'a.png'), save_dir=out, device='cpu',
+                        aug_pred=True, flip_horizontal=True, scales=[1.0])
+    x = paddle.to_tensor(((cv2.cvtColor(cv2.imread(str(images / 'a.png')), cv2.COLOR_BGR2RGB)
+                           .astype(np.float32) / 255.0 - 0.5) / 0.5).transpose(2, 0, 1)[None])
+    model.eval()
+    with paddle.no_grad():
+        expected = infer.aug_inference(model, x, flip_horizontal=True).numpy().argmax(1)[0]
+    got = np.asarray(Image.open(os.path.join(out, 'pseudo_color_prediction', 'a.png')))
+    np.testing.assert_array_equal(got, expected)
+    out = str(tmp_path / 'slide')
+    predict_from_config(config, weights, str(images / 'a.png'), save_dir=out, device='cpu',
+                        is_slide=True, crop_size=[64, 32], stride=[32, 16])
+    _check_outputs(out, 'a.png', images / 'a.png', model)
+
+
+def test_palettes():
+    from cityscapesscripts.helpers.labels import trainId2label
+    colors = np.asarray(color_map(19, cityscapes=True)).reshape(-1, 3)
+    for train_id in range(19):
+        assert tuple(colors[train_id]) == trainId2label[train_id].color
+    custom = np.asarray(color_map(3, [1, 2, 3, 4, 5, 6])).reshape(-1, 3)
+    np.testing.assert_array_equal(custom[:2], [[1, 2, 3], [4, 5, 6]])
+    with pytest.raises(ConfigError, match='custom_color'):
+        color_map(3, [1, 2])
+
+
+def test_bad_image_inputs(tmp_path, setup, capsys):
+    config, weights, images, _ = setup
+    with pytest.raises(ConfigError, match='does not exist'):
+        get_image_list(str(tmp_path / 'nothing'))
+    listing = images / 'bad_list.txt'
+    listing.write_text('a.png\nmissing.jpg\n')
+    with pytest.raises(DatasetError, match='line 2: image .*missing.jpg does not exist'):
+        get_image_list(str(listing))
+    empty = tmp_path / 'empty'
+    os.makedirs(empty)
+    with pytest.raises(DatasetError, match='no images'):
+        get_image_list(str(empty))
+    broken = images / 'broken.png'
+    broken.write_bytes(b'not a png')
+    code = run_cli(predict_from_config, config, weights, str(broken),
+                   save_dir=str(tmp_path / 'out'), device='cpu')
+    err = capsys.readouterr().err
+    assert code == 2 and f'image {broken} cannot be read' in err and 'Traceback' not in err
+
+
+def test_predict_py_runs(tmp_path):
+    """predict.py on the real PSANet mini config with freshly initialised weights."""
+    from psanet.core.config import ComponentBuilder, load_config
+    from psanet.data import generate_mini_cityscapes
+    root = str(tmp_path / 'mini')
+    generate_mini_cityscapes(root, num_train=1, num_val=2, size=(64, 32), seed=0)
+    config = os.path.join(REPO, 'configs', 'psanet',
+                          'psanet_resnet18_os8_mini_cityscapes_256x128_1k.yml')
+    opts = [f'val_dataset.dataset_root={root}', f'train_dataset.dataset_root={root}']
+    model = ComponentBuilder(load_config(config, opts=opts)).model
+    save_checkpoint(str(tmp_path / 'weights'), model)
+    images = os.path.join(root, 'leftImg8bit', 'val')
+    out = str(tmp_path / 'out')
+    done = subprocess.run([sys.executable, os.path.join(REPO, 'predict.py'), '--config', config,
+                           '--model_path', str(tmp_path / 'weights'), '--image_path', images,
+                           '--save_dir', out, '--device', 'cpu', '--opts'] + opts,
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for image in get_image_list(images):
+        relative = image[1]
+        assert os.path.isfile(os.path.join(out, 'added_prediction', relative))
+        mask = Image.open(os.path.join(out, 'pseudo_color_prediction', relative))
+        assert mask.mode == 'P' and mask.size == (64, 32)

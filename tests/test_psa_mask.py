@@ -1,0 +1,288 @@
+"""PSA mask op: the custom op and the pure-Paddle form against a numpy loop of the spec.
+
+The reference below follows the definition literally, one window cell at a
+time; neither implementation under test is used to compute an expected value.
+"""
+import numpy as np
+import paddle
+import pytest
+
+from psanet.ops import PSAMask, load_library, psa_impl, psa_mask, psa_mask_paddle
+
+IMPLS = ('custom', 'paddle')
+PSA_TYPES = ('collect', 'distribute')
+
+
+def reference_forward(x, psa_type, mask_h, mask_w):
+    """Y [N, H*W, H, W] from x [N, mask_h*mask_w, H, W], by nested loops."""
+    num, _, height, width = x.shape
+    half_h, half_w = (mask_h - 1) // 2, (mask_w - 1) // 2
+    y = np.zeros((num, height * width, height * width), x.dtype)
+    for n in range(num):
+        for i in range(mask_h):
+            for j in range(mask_w):
+                for h in range(height):
+                    for w in range(width):
+                        qh, qw = h + i - half_h, w + j - half_w
+                        if not (0 <= qh < height and 0 <= qw < width):
+                            continue
+                        p, q = h * width + w, qh * width + qw
+                        if psa_type == 'collect':
+                            y[n, q, p] = x[n, i * mask_w + j, h, w]
+                        else:
+                            y[n, p, q] = x[n, i * mask_w + j, h, w]
+    return y.reshape(num, height * width, height, width)
+
+
+def reference_backward(grad_y, psa_type, mask_h, mask_w):
+    """grad_x [N, mask_h*mask_w, H, W] from grad_y [N, H*W, H, W], by nested loops."""
+    num, _, height, width = grad_y.shape
+    half_h, half_w = (mask_h - 1) // 2, (mask_w - 1) // 2
+    grad_y = grad_y.reshape(num, height * width, height * width)
+    grad_x = np.zeros((num, mask_h * mask_w, height, width), grad_y.dtype)
+    for n in range(num):
+        for i in range(mask_h):
+            for j in range(mask_w):
+                for h in range(height):
+                    for w in range(width):
+                        qh, qw = h + i - half_h, w + j - half_w
+                        if not (0 <= qh < height and 0 <= qw < width):
+                            continue
+                        p, q = h * width + w, qh * width + qw
+                        grad_x[n, i * mask_w + j, h, w] = \
+                            grad_y[n, q, p] if psa_type == 'collect' else grad_y[n, p, q]
+    return grad_x
+
+
+def run_op(impl, x, psa_type, mask_size, grad_y):
+    """Forward output and the gradient of sum(Y * grad_y) w.r.t. x, as numpy."""
+    x = paddle.to_tensor(x, stop_gradient=False)
+    y = psa_mask(x, psa_type, mask_size, impl=impl)
+    (grad_x,) = paddle.grad([y], [x], grad_outputs=[paddle.to_tensor(grad_y)])
+    return y.numpy(), grad_x.numpy()
+
+
+def random_case(rng, shape, mask_h, mask_w, dtype):
+    num, height, width = shape
+    x = rng.standard_normal((num, mask_h * mask_w, height, width)).astype(dtype)
+    grad_y = rng.standard_normal((num, height * width, height, width)).astype(dtype)
+    return x, grad_y
+
+
+def check_against_reference(impl, x, grad_y, psa_type, mask_h, mask_w):
+    y, grad_x = run_op(impl, x, psa_type, (mask_h, mask_w), grad_y)
+    assert y.dtype == x.dtype and grad_x.dtype == x.dtype
+    np.testing.assert_array_equal(y, reference_forward(x, psa_type, mask_h, mask_w))
+    np.testing.assert_array_equal(grad_x,
+                                  reference_backward(grad_y, psa_type, mask_h, mask_w))
+
+
+@pytest.fixture(scope='module', autouse=True)
+def op_library():
+    load_library()
+
+
+# (N, H, W), (mask_h, mask_w): odd, even and mixed masks; masks larger and
+# smaller than the map; single-row and single-column maps; batches.
+SHAPES = [
+    ((1, 5, 6), (3, 3)),
+    ((2, 5, 6), (4, 4)),
+    ((1, 4, 7), (3, 4)),
+    ((1, 6, 4), (4, 3)),
+    ((3, 3, 3), (1, 1)),
+    ((1, 4, 6), (1, 5)),
+    ((1, 6, 2), (5, 1)),
+    ((1, 3, 2), (7, 9)),
+    ((2, 1, 7), (3, 5)),
+    ((1, 6, 1), (6, 2)),
+    ((1, 1, 1), (3, 3)),
+    ((2, 9, 11), (2, 2)),
+]
+
+
+@pytest.mark.parametrize('dtype', ['float32', 'float64'])
+@pytest.mark.parametrize('psa_type', PSA_TYPES)
+@pytest.mark.parametrize('impl', IMPLS)
+@pytest.mark.parametrize('shape,mask', SHAPES)
+def test_forward_backward_match_reference(impl, psa_type, dtype, shape, mask):
+    rng = np.random.default_rng(0)
+    x, grad_y = random_case(rng, shape, *mask, dtype)
+    check_against_reference(impl, x, grad_y, psa_type, *mask)
+
+
+@pytest.mark.parametrize('impl', IMPLS)
+def test_random_shapes_match_reference_exactly(impl):
+    rng = np.random.default_rng(20180908)
+    for _ in range(200):
+        shape = (int(rng.integers(1, 3)), int(rng.integers(1, 7)), int(rng.integers(1, 7)))
+        mask_h, mask_w = (int(m) for m in rng.integers(1, 8, size=2))
+        psa_type = PSA_TYPES[int(rng.integers(2))]
+        dtype = ('float32', 'float64')[int(rng.integers(2))]
+        x, grad_y = random_case(rng, shape, mask_h, mask_w, dtype)
+        check_against_reference(impl, x, grad_y, psa_type, mask_h, mask_w)
+
+
+@pytest.mark.parametrize('psa_type', PSA_TYPES)
+@pytest.mark.parametrize('impl', IMPLS)
+@pytest.mark.parametrize('shape,mask', [((1, 3, 4), (2, 3)), ((2, 2, 3), (3, 3))])
+def test_gradient_matches_finite_differences(impl, psa_type, shape, mask):
+    rng = np.random.default_rng(1)
+    x, weights = random_case(rng, shape, *mask, 'float64')
+    w = paddle.to_tensor(weights)
+
+    def objective(values):
+        return float((psa_mask(paddle.to_tensor(values), psa_type, mask, impl=impl) * w).sum())
+
+    _, grad_x = run_op(impl, x, psa_type, mask, weights)
+    eps = 1e-6
+    numeric = np.zeros_like(x)
+    for index in np.ndindex(*x.shape):
+        plus, minus = x.copy(), x.copy()
+        plus[index] += eps
+        minus[index] -= eps
+        numeric[index] = (objective(plus) - objective(minus)) / (2 * eps)
+    np.testing.assert_allclose(grad_x, numeric, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize('psa_type', PSA_TYPES)
+@pytest.mark.parametrize('impl', IMPLS)
+def test_outputs_are_zeroed_on_every_call(impl, psa_type):
+    # Calls whose outputs are all NaN or huge come first, so that freed blocks
+    # the allocator hands back hold garbage: zeros must be written, not assumed.
+    mask, shape = (3, 4), (2, 6, 5)
+    rng = np.random.default_rng(2)
+    for fill in (np.nan, 1e30, -1e30):
+        poison = np.full((2, 12, 6, 5), fill, 'float32')
+        poison_grad = np.full((2, 30, 6, 5), fill, 'float32')
+        run_op(impl, poison, psa_type, mask, poison_grad)
+        x, grad_y = random_case(rng, shape, *mask, 'float32')
+        y, grad_x = run_op(impl, x, psa_type, mask, grad_y)
+        assert not np.isnan(y).any() and not np.isnan(grad_x).any()
+        np.testing.assert_array_equal(y, reference_forward(x, psa_type, *mask))
+        np.testing.assert_array_equal(grad_x, reference_backward(grad_y, psa_type, *mask))
+
+
+@pytest.mark.parametrize('impl', IMPLS)
+def test_cells_off_the_map_get_zero_gradient_even_from_nan(impl):
+    # Entries of grad_y that no cell maps to are NaN here; they must not leak.
+    rng = np.random.default_rng(3)
+    x, grad_y = random_case(rng, (1, 4, 5), 3, 3, 'float64')
+    used = reference_forward(np.ones_like(x), 'distribute', 3, 3) != 0
+    grad_y[~used] = np.nan
+    _, grad_x = run_op(impl, x, 'distribute', 3, grad_y)
+    np.testing.assert_array_equal(grad_x, reference_backward(
+        np.where(used, grad_y, 0.0), 'distribute', 3, 3))
+
+
+@pytest.mark.parametrize('impl', IMPLS)
+def test_non_contiguous_input(impl):
+    rng = np.random.default_rng(4)
+    x, grad_y = random_case(rng, (2, 5, 4), 3, 3, 'float32')
+    # Stored as [N, C, W, H] and transposed: a strided view with the right shape.
+    base = paddle.to_tensor(np.ascontiguousarray(x.transpose(0, 1, 3, 2)))
+    strided = paddle.transpose(base, [0, 1, 3, 2])
+    assert not strided.is_contiguous()
+    strided.stop_gradient = False
+    y = psa_mask(strided, 'collect', 3, impl=impl)
+    (grad_x,) = paddle.grad([y], [strided], grad_outputs=[paddle.to_tensor(grad_y)])
+    np.testing.assert_array_equal(y.numpy(), reference_forward(x, 'collect', 3, 3))
+    np.testing.assert_array_equal(grad_x.numpy(),
+                                  reference_backward(grad_y, 'collect', 3, 3))
+
+
+def test_layer_and_psa_impl_match_functional():
+    rng = np.random.default_rng(5)
+    x = paddle.to_tensor(rng.standard_normal((1, 15, 4, 6)).astype('float32'))
+    expected = reference_forward(x.numpy(), 'distribute', 3, 5)
+    np.testing.assert_array_equal(PSAMask('distribute', (3, 5))(x).numpy(), expected)
+    np.testing.assert_array_equal(psa_mask_paddle(x, 1, 3, 5).numpy(), expected)
+    with psa_impl('paddle'):
+        np.testing.assert_array_equal(psa_mask(x, 1, (3, 5)).numpy(), expected)
+    np.testing.assert_array_equal(psa_mask(x, np.int64(1), (np.int32(3), 5)).numpy(),
+                                  expected)
+
+
+def test_layer_repr_names_type_and_size():
+    text = repr(PSAMask('distribute', (3, 5), impl='paddle'))
+    assert 'PSAMask' in text and "'distribute'" in text and '(3, 5)' in text
+    assert "'collect'" in repr(PSAMask(0, 7)) and '(7, 7)' in repr(PSAMask(0, 7))
+
+
+def _tensor(shape, dtype='float32'):
+    return paddle.zeros(shape, dtype=dtype)
+
+
+BAD_CALLS = [
+    ((_tensor([9, 4, 4]), 'collect', 3), '4-D'),
+    ((_tensor([1, 1, 9, 4, 4]), 'collect', 3), '4-D'),
+    ((_tensor([1, 8, 4, 4]), 'collect', 3), '9 channels'),
+    ((_tensor([1, 12, 4, 4]), 'distribute', (4, 4)), '16 channels'),
+    ((_tensor([1, 9, 4, 4]), 'collect', 0), 'mask_size'),
+    ((_tensor([1, 9, 4, 4]), 'collect', -3), 'mask_size'),
+    ((_tensor([1, 9, 4, 4]), 'collect', 3.0), 'mask_size'),
+    ((_tensor([1, 9, 4, 4]), 'collect', '3'), 'mask_size'),
+    ((_tensor([1, 9, 4, 4]), 'collect', True), 'mask_size'),
+    ((_tensor([1, 9, 4, 4]), 'collect', (3,)), 'mask_size'),
+    ((_tensor([1, 9, 4, 4]), 'collect', (3, 3, 1)), 'mask_size'),
+    ((_tensor([1, 9, 4, 4]), 'collect', (3, 0)), 'mask_size'),
+    ((_tensor([1, 9, 4, 4]), 'foo', 3), 'psa_type'),
+    ((_tensor([1, 9, 4, 4]), 2, 3), 'psa_type'),
+    ((_tensor([1, 9, 4, 4]), True, 3), 'psa_type'),
+    ((_tensor([1, 9, 4, 4]), None, 3), 'psa_type'),
+    ((_tensor([1, 9, 4, 4], 'int32'), 'collect', 3), 'floating-point'),
+    ((_tensor([1, 9, 4, 4], 'int64'), 'collect', 3), 'floating-point'),
+    ((_tensor([1, 9, 4, 4], 'bool'), 'collect', 3), 'floating-point'),
+]
+
+
+@pytest.mark.parametrize('impl', IMPLS)
+@pytest.mark.parametrize('args,message', BAD_CALLS)
+def test_bad_input_raises_value_error(impl, args, message):
+    with pytest.raises(ValueError, match=message):
+        psa_mask(*args, impl=impl)
+
+
+def test_bad_impl_and_cpu_float16_raise_value_error():
+    x = _tensor([1, 9, 4, 4])
+    with pytest.raises(ValueError, match='impl'):
+        psa_mask(x, 'collect', 3, impl='cuda')
+    with pytest.raises(ValueError, match='impl'):
+        PSAMask('collect', 3, impl='fast')
+    with pytest.raises(ValueError, match='float32 or float64'):
+        psa_mask(x.astype('float16'), 'collect', 3, impl='custom')
+    with pytest.raises(ValueError, match='mask_size'):
+        psa_mask_paddle(x, 'collect', 3, 0)
+
+
+@pytest.mark.parametrize('args,message', [
+    ((_tensor([1, 8, 4, 4]), 0, 3, 3), '9 channels'),
+    ((_tensor([9, 4, 4]), 0, 3, 3), '4-D'),
+    ((_tensor([1, 9, 4, 4]), 2, 3, 3), 'psa_type'),
+    ((_tensor([1, 9, 4, 4]), -1, 3, 3), 'psa_type'),
+    ((_tensor([1, 9, 4, 4]), 0, 0, 9), 'mask_h and mask_w'),
+    ((_tensor([1, 9, 4, 4]), 0, 9, -1), 'mask_h and mask_w'),
+    ((_tensor([1, 9, 4, 4], 'float16'), 0, 3, 3), 'float32 or float64'),
+])
+def test_kernel_checks_its_inputs_again(args, message):
+    # Straight to the C++ op, past the Python checks: an exception, not a crash.
+    with pytest.raises(Exception, match=message):
+        paddle._C_ops._run_custom_op('psa_mask', *args)
+
+
+@pytest.mark.parametrize('psa_type', PSA_TYPES)
+def test_gradient_under_to_static_matches_reference(psa_type):
+    # Training through dy2static runs the grad op from the static graph, whose
+    # shape comes from the grad op's own shape inference.
+    rng = np.random.default_rng(6)
+    x, grad_y = random_case(rng, (2, 4, 5), 3, 4, 'float32')
+
+    def weighted_sum(values, weights):
+        return (psa_mask(values, psa_type, (3, 4), impl='custom') * weights).sum()
+
+    static = paddle.jit.to_static(weighted_sum, full_graph=True, input_spec=[
+        paddle.static.InputSpec([None, 12, None, None], 'float32'),
+        paddle.static.InputSpec([None, 20, None, None], 'float32')])
+    values = paddle.to_tensor(x, stop_gradient=False)
+    static(values, paddle.to_tensor(grad_y)).backward()
+    np.testing.assert_array_equal(values.grad.numpy(),
+                                  reference_backward(grad_y, psa_type, 3, 4))

@@ -1,0 +1,171 @@
+"""PSA mask op in exported models: jit.save/jit.load and the Paddle Inference predictor.
+
+The expected values are the dygraph outputs of the same layer (whose op is
+checked against a numpy loop in test_psa_mask.py).
+"""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import paddle
+import pytest
+from paddle import inference
+
+from psanet.ops import load_library, psa_impl, psa_mask
+
+CHANNELS = 4
+# Two sizes, one smaller than the 7x7 window, to exercise the dynamic H and W.
+INPUT_SHAPES = [(1, CHANNELS, 5, 6), (2, CHANNELS, 8, 3)]
+
+
+class AttentionBlock(paddle.nn.Layer):
+    """Convs predict collect (7x7) and distribute (4x5) masks that attend over x."""
+
+    def __init__(self, impl=None):
+        super().__init__()
+        # 49 channels: oneDNN stores the conv output in a blocked layout.
+        self.collect = paddle.nn.Conv2D(CHANNELS, 7 * 7, 1)
+        self.distribute = paddle.nn.Conv2D(CHANNELS, 4 * 5, 3, padding=1)
+        self.impl = impl
+
+    def forward(self, x):
+        feature = x.reshape([0, 0, -1])
+        collect = psa_mask(self.collect(x), 'collect', 7, impl=self.impl)
+        distribute = psa_mask(self.distribute(x), 'distribute', (4, 5), impl=self.impl)
+        out = paddle.bmm(feature, collect.reshape([0, 0, -1])) + \
+            paddle.bmm(feature, distribute.reshape([0, 0, -1]))
+        return paddle.nn.functional.relu(paddle.reshape(out, paddle.shape(x))) + x
+
+
+class RawPSAMask(paddle.nn.Layer):
+    """psa_mask straight on the input, channels left dynamic: errors reach the kernel."""
+
+    def forward(self, x):
+        return psa_mask(x, 'distribute', 3, impl='custom')
+
+
+def save(layer, path, channels=CHANNELS):
+    spec = [paddle.static.InputSpec([None, channels, None, None], 'float32', 'x')]
+    paddle.jit.save(paddle.jit.to_static(layer, input_spec=spec, full_graph=True), path)
+    return path
+
+
+def inputs():
+    rng = np.random.default_rng(0)
+    return [rng.standard_normal(shape).astype('float32') for shape in INPUT_SHAPES]
+
+
+def run_predictor(path, x, onednn):
+    config = inference.Config(path + '.json', path + '.pdiparams')
+    config.disable_gpu()
+    if onednn:
+        config.enable_mkldnn()
+    else:
+        config.disable_mkldnn()
+    predictor = inference.create_predictor(config)
+    handle = predictor.get_input_handle(predictor.get_input_names()[0])
+    handle.reshape(list(x.shape))
+    handle.copy_from_cpu(x)
+    predictor.run()
+    return predictor.get_output_handle(predictor.get_output_names()[0]).copy_to_cpu()
+
+
+@pytest.fixture(scope='module')
+def exported(tmp_path_factory):
+    """The layer (custom op) and its dygraph outputs, saved once with each impl."""
+    load_library()
+    folder = tmp_path_factory.mktemp('psa_mask_export')
+    paddle.seed(0)
+    layer = AttentionBlock()
+    layer.eval()
+    expected = [layer(paddle.to_tensor(x)).numpy() for x in inputs()]
+    # A layer per export: to_static caches its traced program on the layer.
+    twin = AttentionBlock()
+    twin.set_state_dict(layer.state_dict())
+    twin.eval()
+    custom = save(layer, str(folder / 'custom' / 'model'))
+    with psa_impl('paddle'):
+        pure = save(twin, str(folder / 'paddle' / 'model'))
+    raw = save(RawPSAMask(), str(folder / 'raw' / 'model'), channels=None)
+    return {'folder': folder, 'custom': custom, 'paddle': pure, 'raw': raw,
+            'expected': expected}
+
+
+def test_saved_graphs_hold_the_op_only_with_custom_impl(exported):
+    with open(exported['custom'] + '.json') as f:
+        assert 'psa_mask' in f.read()
+    with open(exported['paddle'] + '.json') as f:
+        assert 'psa_mask' not in f.read()
+
+
+@pytest.mark.parametrize('impl', ['custom', 'paddle'])
+def test_jit_load_matches_dygraph_at_two_sizes(exported, impl):
+    loaded = paddle.jit.load(exported[impl])
+    for x, expected in zip(inputs(), exported['expected']):
+        np.testing.assert_allclose(loaded(paddle.to_tensor(x)).numpy(), expected,
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_predictor_without_onednn_matches_dygraph(exported):
+    for x, expected in zip(inputs(), exported['expected']):
+        np.testing.assert_allclose(run_predictor(exported['custom'], x, onednn=False),
+                                   expected, rtol=1e-5, atol=1e-5)
+
+
+def test_predictor_with_onednn_matches_dygraph(exported):
+    # The predictor hands the op its input in oneDNN's blocked layout; the op
+    # reorders it. Read as plain NCHW it would give a wrong answer, not an error.
+    for x, expected in zip(inputs(), exported['expected']):
+        np.testing.assert_allclose(run_predictor(exported['custom'], x, onednn=True),
+                                   expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize('onednn', [False, True])
+def test_predictor_reports_kernel_errors_with_their_message(exported, onednn):
+    bad = np.zeros((1, 8, 4, 4), 'float32')
+    with pytest.raises(Exception, match='9 channels, got 8'):
+        run_predictor(exported['raw'], bad, onednn=onednn)
+
+
+def test_pure_paddle_export_needs_no_op_library(exported):
+    # A fresh process that never imports psanet: the pure-Paddle graph runs and
+    # gives the dygraph result; the custom graph fails loudly, not silently.
+    folder = exported['folder']
+    for k, x in enumerate(inputs()):
+        np.save(folder / f'x{k}.npy', x)
+    script = textwrap.dedent(f'''
+        import json, sys
+        import numpy as np
+        from paddle import inference
+
+        def run(path, x):
+            config = inference.Config(path + '.json', path + '.pdiparams')
+            config.disable_gpu()
+            predictor = inference.create_predictor(config)
+            handle = predictor.get_input_handle(predictor.get_input_names()[0])
+            handle.reshape(list(x.shape))
+            handle.copy_from_cpu(x)
+            predictor.run()
+            return predictor.get_output_handle(predictor.get_output_names()[0]).copy_to_cpu()
+
+        for k in range({len(INPUT_SHAPES)}):
+            np.save(r'{folder}/pure{{}}.npy'.format(k), run(r'{exported['paddle']}',
+                    np.load(r'{folder}/x{{}}.npy'.format(k))))
+        try:
+            run(r'{exported['custom']}', np.load(r'{folder}/x0.npy'))
+            custom = 'ran'
+        except Exception as error:
+            custom = type(error).__name__
+        assert 'psanet' not in sys.modules
+        print(json.dumps({{'custom': custom}}))
+    ''')
+    result = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
+                            env=dict(os.environ, GLOG_minloglevel='2'), timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1])['custom'] != 'ran'
+    for k, expected in enumerate(exported['expected']):
+        np.testing.assert_allclose(np.load(folder / f'pure{k}.npy'), expected,
+                                   rtol=1e-4, atol=1e-4)

@@ -1,0 +1,301 @@
+"""psanet.core.train and train.py: learning, exact resume, NaN stop, logs, samplers, bad input."""
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import cv2
+import numpy as np
+import paddle
+import pytest
+
+import engine_helpers as helpers
+from psanet.core import checkpoint as ckpt
+from psanet.core.config import ComponentBuilder, load_config
+from psanet.core.errors import DatasetError, TrainingError, run_cli
+from psanet.core.loader import TrainBatchSampler
+from psanet.core.runtime import to_plain_batchnorm
+from psanet.core.train import train, train_from_config
+from psanet.core.val import evaluate
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _build(config_path, seed=0):
+    paddle.seed(seed)
+    builder = ComponentBuilder(load_config(config_path))
+    return builder, builder.model, builder.dataset('train'), builder.optimizer, builder.losses
+
+
+@pytest.fixture
+def toy(tmp_path):
+    root = helpers.write_toy_dataset(str(tmp_path / 'toy'), num_train=4, val_is_train=True)
+    return root
+
+
+def test_training_lowers_loss_and_overfits(tmp_path, toy):
+    path = helpers.write_config(tmp_path / 'toy.yml', helpers.toy_config(toy, iters=40,
+                                                                         batch_size=4))
+    builder, model, dataset, optimizer, losses = _build(path)
+    result = train(model, dataset, optimizer, losses, iters=40, batch_size=4,
+                   save_dir=str(tmp_path / 'out'), save_interval=40, log_iters=10, seed=0)
+    history = result['losses']
+    assert len(history) == 40
+    assert np.mean(history[-5:]) < 0.5 * np.mean(history[:5])
+    metrics = evaluate(model, builder.dataset('val'), print_detail=False)
+    assert metrics['miou'] >= 0.8, metrics['class_iou']
+    assert [i for i, _ in ckpt.list_checkpoints(str(tmp_path / 'out'))] == [40]
+
+
+class _FailAt:
+    """A loss that raises (or returns NaN) on its n-th call, i.e. at iteration n."""
+
+    def __init__(self, loss, at_call, mode):
+        self.loss, self.at_call, self.mode, self.calls = loss, at_call, mode, 0
+
+    def __call__(self, logit, label):
+        self.calls += 1
+        value = self.loss(logit, label)
+        if self.calls == self.at_call:
+            if self.mode == 'crash':
+                raise RuntimeError('simulated crash')
+            return value * float('nan')
+        return value
+
+
+def _with_failure(losses, at_call, mode):
+    return {'types': [_FailAt(losses['types'][0], at_call, mode)] + list(losses['types'][1:]),
+            'coef': losses['coef']}
+
+
+@pytest.mark.parametrize('num_workers', [0, 2])
+def test_resume_after_a_crash_repeats_the_uninterrupted_losses(tmp_path, toy, num_workers):
+    # 4 images, batch 2: 2 iterations per epoch, so iteration 3 resumes mid-epoch.
+    config = helpers.toy_config(toy, iters=7, batch_size=2, train_transforms=[
+        {'type': 'ResizeStepScaling', 'min_scale_factor': 0.75, 'max_scale_factor': 1.25,
+         'scale_step_size': 0.25},
+        {'type': 'RandomPaddingCrop', 'crop_size': [48, 24]},
+        {'type': 'RandomHorizontalFlip'}, {'type': 'Normalize'}])
+    path = helpers.write_config(tmp_path / 'toy.yml', config)
+    options = dict(iters=7, batch_size=2, save_interval=3, log_iters=1, seed=11,
+                   num_workers=num_workers)
+
+    _, model, dataset, optimizer, losses = _build(path)
+    full = train(model, dataset, optimizer, losses, save_dir=str(tmp_path / 'full'), **options)
+    assert len(full['losses']) == 7
+
+    _, model, dataset, optimizer, losses = _build(path)
+    with pytest.raises(RuntimeError, match='simulated crash'):
+        train(model, dataset, optimizer, _with_failure(losses, 4, 'crash'),
+              save_dir=str(tmp_path / 'cut'), **options)
+    assert [i for i, _ in ckpt.list_checkpoints(str(tmp_path / 'cut'))] == [3]
+
+    _, model, dataset, optimizer, losses = _build(path, seed=99)  # weights come from the checkpoint
+    resumed = train(model, dataset, optimizer, losses, save_dir=str(tmp_path / 'cut'),
+                    resume_model=str(tmp_path / 'cut' / 'iter_3'), **dict(options, seed=None))
+    assert resumed['start_iter'] == 3
+    np.testing.assert_allclose(resumed['losses'], full['losses'][3:], rtol=1e-6)
+    # Different epochs saw differently shuffled and augmented batches.
+    assert len(set(np.round(full['losses'], 6))) == 7
+    final_full = ckpt.load_checkpoint(str(tmp_path / 'full' / 'iter_7'))[0]
+    final_resumed = ckpt.load_checkpoint(str(tmp_path / 'cut' / 'iter_7'))[0]
+    for key, value in final_full.items():
+        np.testing.assert_allclose(final_resumed[key].numpy(), value.numpy(), rtol=1e-5,
+                                   atol=1e-7, err_msg=key)
+
+
+def test_nan_loss_stops_naming_iteration_and_last_checkpoint(tmp_path, toy):
+    path = helpers.write_config(tmp_path / 'toy.yml', helpers.toy_config(toy, iters=6))
+    _, model, dataset, optimizer, losses = _build(path)
+    save_dir = str(tmp_path / 'out')
+    with pytest.raises(TrainingError) as info:
+        train(model, dataset, optimizer, _with_failure(losses, 3, 'nan'), iters=6, batch_size=2,
+              save_dir=save_dir, save_interval=2, log_iters=1, seed=0)
+    message = str(info.value)
+    assert 'nan' in message and 'iteration 3' in message
+    assert os.path.join(save_dir, 'iter_2') in message
+    assert [i for i, _ in ckpt.list_checkpoints(save_dir)] == [2]
+
+
+def test_logs_vdl_eval_best_model_and_keep_checkpoint_max(tmp_path, toy):
+    path = helpers.write_config(tmp_path / 'toy.yml', helpers.toy_config(toy, iters=8))
+    builder, model, dataset, optimizer, losses = _build(path)
+    save_dir = str(tmp_path / 'out')
+    result = train(model, dataset, optimizer, losses, iters=8, batch_size=2,
+                   val_dataset=builder.dataset('val'), save_dir=save_dir, save_interval=2,
+                   log_iters=4, keep_checkpoint_max=2, use_vdl=True, seed=0)
+    assert [i for i, _ in ckpt.list_checkpoints(save_dir)] == [6, 8]
+    assert [i for i, _ in result['evals']] == [2, 4, 6, 8]
+    best = max(result['evals'], key=lambda e: e[1]['miou'])
+    assert result['best_iter'] == best[0]
+    with open(os.path.join(save_dir, 'best_model', ckpt.STATE_FILE)) as f:
+        assert json.load(f) == {'iteration': best[0], 'miou': best[1]['miou']}
+    assert os.path.isfile(os.path.join(save_dir, 'best_model', ckpt.MODEL_FILE))
+    with open(os.path.join(save_dir, 'train.log')) as f:
+        log = f.read()
+    train_lines = [l for l in log.splitlines() if '[TRAIN]' in l]
+    assert len(train_lines) == 2
+    for field in ('epoch: 2', 'iter: 4/8', 'loss: ', 'loss_0: ', 'loss_1: ', 'lr: ', 'batch_cost: ',
+                  'reader_cost: ', 'ips: ', 'samples/sec', 'ETA '):
+        assert field in train_lines[0], field
+    # The logged loss is the mean of the iterations since the last line.
+    logged = float(train_lines[0].split('loss: ')[1].split(',')[0])
+    assert logged == pytest.approx(np.mean(result['losses'][:4]), abs=1e-4)
+    assert 'mIoU' in log and 'BatchNorm: plain BatchNorm (one process).' in log
+    assert any(name.startswith('vdlrecords') for name in os.listdir(save_dir))
+
+
+def test_to_plain_batchnorm_shares_parameters():
+    layer = paddle.nn.Sequential(paddle.nn.Conv2D(3, 4, 1), paddle.nn.SyncBatchNorm(4))
+    weight, mean = layer[1].weight, layer[1]._mean
+    converted = to_plain_batchnorm(layer)
+    assert converted is layer and type(layer[1]) is paddle.nn.BatchNorm2D
+    assert layer[1].weight is weight and layer[1]._mean is mean
+    assert layer(paddle.randn([2, 3, 5, 5])).shape == [2, 4, 5, 5]
+
+
+def test_sampler_reshuffles_every_epoch_and_resumes_mid_epoch():
+    dataset = list(range(10))
+    sampler = TrainBatchSampler(dataset, batch_size=3)
+    epochs = []
+    for epoch in range(3):
+        sampler.set_epoch(epoch)
+        epochs.append([i for batch in sampler for i in batch])
+    assert all(len(e) == 9 and len(set(e)) == 9 for e in epochs)
+    assert epochs[0] != epochs[1] and epochs[1] != epochs[2]
+    sampler.set_epoch(1)
+    assert [i for batch in sampler for i in batch] == epochs[1]  # an epoch's order is fixed
+    sampler.set_epoch(1, start_batch=2)
+    assert [i for batch in sampler for i in batch] == epochs[1][6:]
+
+
+def _corrupt(path):
+    with open(path, 'wb') as f:
+        f.write(b'not an image')
+
+
+def test_unreadable_image_during_training_is_a_dataset_error(tmp_path):
+    root = helpers.write_toy_dataset(str(tmp_path / 'toy'), num_train=6)
+    path = helpers.write_config(tmp_path / 'toy.yml', helpers.toy_config(root, iters=6))
+    _, model, dataset, optimizer, losses = _build(path)
+    bad = os.path.join(root, 'images', 'train_003.jpg')
+    _corrupt(bad)
+    with pytest.raises(DatasetError, match=f'image {bad} cannot be read'):
+        train(model, dataset, optimizer, losses, iters=6, batch_size=2,
+              save_dir=str(tmp_path / 'out'), seed=0)
+
+
+def test_label_out_of_range_during_training_is_a_dataset_error(tmp_path):
+    root = helpers.write_toy_dataset(str(tmp_path / 'toy'), num_train=6)
+    path = helpers.write_config(tmp_path / 'toy.yml', helpers.toy_config(root, iters=6))
+    _, model, dataset, optimizer, losses = _build(path)
+    bad = os.path.join(root, 'labels', 'train_004.png')
+    label = cv2.imread(bad, cv2.IMREAD_UNCHANGED)
+    label[5, 5] = 7
+    cv2.imwrite(bad, label)
+    with pytest.raises(DatasetError, match=r'has values \[7\] outside \[0, 3\)'):
+        train(model, dataset, optimizer, losses, iters=6, batch_size=2,
+              save_dir=str(tmp_path / 'out'), seed=0)
+
+
+def _cli_error(capsys, **kwargs):
+    code = run_cli(train_from_config, device='cpu', **kwargs)
+    err = capsys.readouterr().err
+    assert code == 2 and 'Traceback' not in err, err
+    assert err.count('error: ') == 1, err
+    return err[err.index('error: '):]
+
+
+def _cityscapes(tmp_path):
+    from psanet.data import generate_mini_cityscapes
+    root = str(tmp_path / 'mini')
+    generate_mini_cityscapes(root, num_train=2, num_val=1, size=(64, 32), seed=0)
+    return root
+
+
+def _cityscapes_config(tmp_path, root):
+    config = helpers.toy_config(root, iters=2, num_classes=19, dataset_type='Cityscapes')
+    return helpers.write_config(tmp_path / 'city.yml', config)
+
+
+def test_bad_dataset_inputs_are_one_line_errors(tmp_path, capsys):
+    save_dir = str(tmp_path / 'out')
+    missing = str(tmp_path / 'no_such_dataset')
+    path = _cityscapes_config(tmp_path, missing)
+    assert missing in _cli_error(capsys, config=path, save_dir=save_dir)
+
+    root = _cityscapes(tmp_path)
+    path = _cityscapes_config(tmp_path, root)
+    label = sorted(glob.glob(os.path.join(root, 'gtFine', 'train', '*',
+                                          '*_gtFine_labelTrainIds.png')))[0]
+    os.rename(label, label + '.moved')
+    assert 'have no' in _cli_error(capsys, config=path, save_dir=save_dir)
+    os.rename(label + '.moved', label)
+
+    cv2.imwrite(label, np.full((32, 64), 20, np.uint8))
+    assert f'label {label} has values [20]' in _cli_error(capsys, config=path, save_dir=save_dir)
+
+    toy = helpers.write_toy_dataset(str(tmp_path / 'toy'), num_train=2)
+    path = helpers.write_config(tmp_path / 'toy.yml', helpers.toy_config(toy, iters=2))
+    bad = os.path.join(toy, 'images', 'train_000.jpg')
+    _corrupt(bad)
+    assert f'image {bad} cannot be read' in _cli_error(capsys, config=path, save_dir=save_dir)
+
+
+def test_bad_config_inputs_are_one_line_errors(tmp_path, capsys, toy):
+    save_dir = str(tmp_path / 'out')
+    config = helpers.toy_config(toy, iters=2)
+    assert 'does not exist' in _cli_error(capsys, config=str(tmp_path / 'nope.yml'),
+                                          save_dir=save_dir)
+    typo = dict(config, iter=5)
+    message = _cli_error(capsys, config=helpers.write_config(tmp_path / 'a.yml', typo),
+                         save_dir=save_dir)
+    assert "unknown top-level keys 'iter' (did you mean 'iters'?)" in message
+    path = helpers.write_config(tmp_path / 'b.yml', config)
+    message = _cli_error(capsys, config=path, save_dir=save_dir, opts=['modle.num_classes=3'])
+    assert 'modle is not in' in message
+    wrong_type = dict(config, model=dict(config['model'], type='TinySegNett'))
+    message = _cli_error(capsys, config=helpers.write_config(tmp_path / 'c.yml', wrong_type),
+                         save_dir=save_dir)
+    assert "model.type 'TinySegNett' is not a registered component: did you mean TinySegNet" \
+        in message
+    wrong_arg = dict(config, model=dict(config['model'], num_clases=3))
+    message = _cli_error(capsys, config=helpers.write_config(tmp_path / 'd.yml', wrong_arg),
+                         save_dir=save_dir)
+    assert 'cannot build model' in message and 'num_clases' in message
+    one_coef = dict(config, loss={'types': [{'type': 'CrossEntropyLoss'}], 'coef': [1]})
+    message = _cli_error(capsys, config=helpers.write_config(tmp_path / 'e.yml', one_coef),
+                         save_dir=save_dir)
+    assert 'the model returns 2 logits' in message
+    message = _cli_error(capsys, config=path, save_dir=save_dir,
+                         resume_model=str(tmp_path / 'iter_9'))
+    assert '--resume_model' in message
+
+
+MINI_CONFIG = os.path.join(REPO, 'configs', 'psanet',
+                           'psanet_resnet18_os8_mini_cityscapes_256x128_1k.yml')
+
+
+def test_train_py_end_to_end_and_exit_code(tmp_path):
+    """The real PSANet mini config through train.py, on 64x32 mini Cityscapes."""
+    root = _cityscapes(tmp_path)
+    config = {'_base_': MINI_CONFIG, 'batch_size': 2, 'iters': 4,
+              'train_dataset': {'dataset_root': root, 'transforms': [
+                  {'type': 'RandomHorizontalFlip'}, {'type': 'Normalize'}]},
+              'val_dataset': {'dataset_root': root}}
+    path = helpers.write_config(tmp_path / 'psanet.yml', config)
+    save_dir = str(tmp_path / 'out')
+    command = [sys.executable, os.path.join(REPO, 'train.py'), '--config', path, '--device',
+               'cpu', '--save_dir', save_dir, '--save_interval', '2', '--log_iters', '2',
+               '--batch_size', '1', '--do_eval', '--seed', '0', '--precision', 'fp16']
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert '[TRAIN] epoch: 2, iter: 4/4' in done.stdout
+    assert 'fp16 is ignored on CPU' in done.stdout
+    assert sorted(os.listdir(save_dir)) == ['best_model', 'iter_2', 'iter_4', 'train.log']
+    bad = subprocess.run(command[:-4] + ['--opts', 'iters=oops'], cwd=REPO, capture_output=True,
+                         text=True, timeout=300)
+    assert bad.returncode == 2
+    assert bad.stderr.startswith('error: ') and 'Traceback' not in bad.stderr, bad.stderr
+    assert 'iters must be a positive integer' in bad.stderr

@@ -1,0 +1,52 @@
+"""Train a segmentation model from a config (PaddleSeg's train.py flags).
+
+    python train.py --config configs/psanet/psanet_resnet18_os8_mini_cityscapes_256x128_1k.yml \
+        --device cpu --save_dir output/mini --do_eval --save_interval 200
+    python -m paddle.distributed.launch --gpus 0,1,2,3 train.py --config <cfg> --do_eval
+"""
+import argparse
+import sys
+import warnings
+
+# Paddle's harmless notices would sit between the user and a one-line error.
+warnings.filterwarnings('ignore', message='No ccache found')
+warnings.filterwarnings('ignore', message='When training, we now always track')
+
+from psanet.core import run_cli, train_from_config  # noqa: E402
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description='PSANet training (PaddleSeg flags).')
+    parser.add_argument('--config', required=True, help='The config file.')
+    parser.add_argument('--device', choices=['cpu', 'gpu'], default=None,
+                        help='Default: gpu when Paddle sees one, else cpu.')
+    parser.add_argument('--save_dir', default='output',
+                        help='Checkpoints, train.log and VisualDL logs go here.')
+    parser.add_argument('--iters', type=int, default=None, help='Overrides iters of the config.')
+    parser.add_argument('--batch_size', type=int, default=None,
+                        help='Images per process; overrides batch_size of the config.')
+    parser.add_argument('--learning_rate', type=float, default=None,
+                        help='Overrides lr_scheduler.learning_rate of the config.')
+    parser.add_argument('--save_interval', type=int, default=1000,
+                        help='Iterations between checkpoints (and evaluations with --do_eval).')
+    parser.add_argument('--log_iters', type=int, default=10, help='Iterations between log lines.')
+    parser.add_argument('--keep_checkpoint_max', type=int, default=5,
+                        help='iter_N checkpoints kept; <= 0 keeps all.')
+    parser.add_argument('--num_workers', type=int, default=0, help='DataLoader worker processes.')
+    parser.add_argument('--do_eval', action='store_true',
+                        help='Evaluate every save_interval and keep best_model/.')
+    parser.add_argument('--use_vdl', action='store_true', help='Write VisualDL scalars.')
+    parser.add_argument('--resume_model', default=None, help='An iter_N folder to continue from.')
+    parser.add_argument('--seed', type=int, default=None, help='Random seed.')
+    parser.add_argument('--precision', choices=['fp32', 'fp16'], default='fp32',
+                        help='fp16: autocast + GradScaler (GPU only).')
+    parser.add_argument('--amp_level', choices=['O1', 'O2'], default='O1',
+                        help='O1: mixed precision; O2: fp16 weights except BatchNorm.')
+    parser.add_argument('--opts', nargs='+', default=None,
+                        help='key=value config overrides, e.g. --opts batch_size=2 '
+                        'model.backbone.output_stride=16.')
+    return parser.parse_args(argv)
+
+
+if __name__ == '__main__':
+    sys.exit(run_cli(train_from_config, **vars(parse_args())))

@@ -1,0 +1,40 @@
+"""Evaluate a trained model on the config's val_dataset (PaddleSeg's val.py flags).
+
+    python val.py --config configs/psanet/psanet_resnet50_os8_cityscapes_1024x512_80k.yml \
+        --model_path output/best_model/model.pdparams
+    python val.py ... --save_dir output/results   # + Cityscapes *_labelIds.png for the official
+    CITYSCAPES_DATASET=data/cityscapes CITYSCAPES_RESULTS=output/results \
+        csEvalPixelLevelSemanticLabeling
+"""
+import argparse
+import sys
+import warnings
+
+# Paddle's harmless notices would sit between the user and a one-line error.
+warnings.filterwarnings('ignore', message='No ccache found')
+warnings.filterwarnings('ignore', message='When training, we now always track')
+
+from psanet.core import evaluate_from_config, run_cli  # noqa: E402
+from psanet.core.cli import add_inference_flags  # noqa: E402
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description='PSANet evaluation (PaddleSeg flags).')
+    parser.add_argument('--config', required=True, help='The config file.')
+    parser.add_argument('--model_path', required=True,
+                        help='model.pdparams, or a checkpoint folder such as output/best_model.')
+    parser.add_argument('--device', choices=['cpu', 'gpu'], default=None,
+                        help='Default: gpu when Paddle sees one, else cpu.')
+    parser.add_argument('--num_workers', type=int, default=0, help='DataLoader worker processes.')
+    add_inference_flags(parser, '--aug_eval')
+    parser.add_argument('--save_dir', default=None,
+                        help='Also write the predictions (Cityscapes *_labelIds.png) here.')
+    parser.add_argument('--precision', choices=['fp32', 'fp16'], default='fp32',
+                        help='fp16: autocast (GPU only).')
+    parser.add_argument('--amp_level', choices=['O1', 'O2'], default='O1')
+    parser.add_argument('--opts', nargs='+', default=None, help='key=value config overrides.')
+    return parser.parse_args(argv)
+
+
+if __name__ == '__main__':
+    sys.exit(run_cli(evaluate_from_config, **vars(parse_args())))
