@@ -58,11 +58,16 @@ def inputs():
     return [rng.standard_normal(shape).astype('float32') for shape in INPUT_SHAPES]
 
 
-def run_predictor(path, x, onednn):
+def run_predictor(path, x, onednn, placement=True):
+    """Output of a CPU predictor; placement=False drops oneDNN's op placement pass
+    (psanet.deploy does, for Paddle's bilinear_interp bug), leaving the fused
+    convolutions in oneDNN."""
     config = inference.Config(path + '.json', path + '.pdiparams')
     config.disable_gpu()
     if onednn:
         config.enable_mkldnn()
+        if not placement:
+            config.delete_pass('onednn_placement_pass')
     else:
         config.disable_mkldnn()
     predictor = inference.create_predictor(config)
@@ -115,12 +120,13 @@ def test_predictor_without_onednn_matches_dygraph(exported):
                                    expected, rtol=1e-5, atol=1e-5)
 
 
-def test_predictor_with_onednn_matches_dygraph(exported):
+@pytest.mark.parametrize('placement', [True, False])
+def test_predictor_with_onednn_matches_dygraph(exported, placement):
     # The predictor hands the op its input in oneDNN's blocked layout; the op
     # reorders it. Read as plain NCHW it would give a wrong answer, not an error.
     for x, expected in zip(inputs(), exported['expected']):
-        np.testing.assert_allclose(run_predictor(exported['custom'], x, onednn=True),
-                                   expected, rtol=1e-4, atol=1e-4)
+        output = run_predictor(exported['custom'], x, onednn=True, placement=placement)
+        np.testing.assert_allclose(output, expected, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize('onednn', [False, True])

@@ -14,7 +14,7 @@ import engine_helpers as helpers
 from psanet.core import checkpoint as ckpt
 from psanet.core.config import ComponentBuilder, load_config
 from psanet.core.errors import DatasetError, TrainingError, run_cli
-from psanet.core.loader import TrainBatchSampler
+from psanet.core.loader import SampleReader, TrainBatchSampler
 from psanet.core.runtime import to_plain_batchnorm
 from psanet.core.train import train, train_from_config
 from psanet.core.val import evaluate
@@ -146,6 +146,26 @@ def test_logs_vdl_eval_best_model_and_keep_checkpoint_max(tmp_path, toy):
     assert any(name.startswith('vdlrecords') for name in os.listdir(save_dir))
 
 
+def test_augmentation_is_seeded_per_epoch_and_sample(tmp_path, toy):
+    config = helpers.toy_config(toy, train_transforms=[
+        {'type': 'ResizeStepScaling', 'min_scale_factor': 0.5, 'max_scale_factor': 2.0,
+         'scale_step_size': 0.1},
+        {'type': 'RandomPaddingCrop', 'crop_size': [40, 20]},
+        {'type': 'RandomDistort', 'brightness_range': 0.5}, {'type': 'Normalize'}])
+    _, _, dataset, _, _ = _build(helpers.write_config(tmp_path / 'toy.yml', config))
+    reader = SampleReader(dataset, seed=3, num_classes=3)
+
+    def sample(epoch, index):
+        reader.set_epoch(epoch)
+        return reader[index]['img']
+
+    np.testing.assert_array_equal(sample(1, 2), sample(1, 2))
+    assert not np.array_equal(sample(1, 2), sample(2, 2))
+    other_seed = SampleReader(dataset, seed=4, num_classes=3)
+    other_seed.set_epoch(1)
+    assert not np.array_equal(sample(1, 2), other_seed[2]['img'])
+
+
 def test_to_plain_batchnorm_shares_parameters():
     layer = paddle.nn.Sequential(paddle.nn.Conv2D(3, 4, 1), paddle.nn.SyncBatchNorm(4))
     weight, mean = layer[1].weight, layer[1]._mean
@@ -258,8 +278,8 @@ def test_bad_config_inputs_are_one_line_errors(tmp_path, capsys, toy):
     wrong_type = dict(config, model=dict(config['model'], type='TinySegNett'))
     message = _cli_error(capsys, config=helpers.write_config(tmp_path / 'c.yml', wrong_type),
                          save_dir=save_dir)
-    assert "model.type 'TinySegNett' is not a registered component: did you mean TinySegNet" \
-        in message
+    assert "model.type 'TinySegNett' is not a registered component (models/backbones): " \
+        'did you mean TinySegNet' in message
     wrong_arg = dict(config, model=dict(config['model'], num_clases=3))
     message = _cli_error(capsys, config=helpers.write_config(tmp_path / 'd.yml', wrong_arg),
                          save_dir=save_dir)

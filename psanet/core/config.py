@@ -39,7 +39,8 @@ _ALL_REGISTRIES = (manager.MODELS, manager.BACKBONES, manager.DATASETS, manager.
                    manager.LOSSES, manager.OPTIMIZERS)
 
 
-def _parse_yaml(path, chain=()):
+def _check_yaml_files(path, chain=()):
+    """The config and its ``_base_`` chain exist and are YAML mappings."""
     if not os.path.isfile(path):
         where = f' (the _base_ of {chain[-1]})' if chain else ''
         raise ConfigError(f'config {path}{where} does not exist (cwd {os.getcwd()}): pass a file '
@@ -55,8 +56,7 @@ def _parse_yaml(path, chain=()):
         raise ConfigError(f'config {path} does not hold a mapping of keys: fix its YAML.')
     bases = dic.get('_base_', [])
     for base in [bases] if isinstance(bases, str) else bases:
-        _parse_yaml(os.path.join(os.path.dirname(path), base), chain + (path, ))
-    return dic
+        _check_yaml_files(os.path.join(os.path.dirname(path), base), chain + (path, ))
 
 
 def _check_opts(dic, opts, path):
@@ -83,7 +83,7 @@ def _keys(node):
 
 
 def _check_top_level(dic, path):
-    unknown = [k for k in dic if k not in KNOWN_KEYS]
+    unknown = [k for k in dic if k not in KNOWN_KEYS and k != '_inherited_']
     if unknown:
         hints = []
         for key in unknown:
@@ -100,10 +100,15 @@ def _check_types(node, where, registries, path):
             kind = node['type']
             if not any(kind in r.components_dict for r in _ALL_REGISTRIES):
                 names = sorted({n for r in registries for n in r.components_dict})
-                close = difflib.get_close_matches(str(kind), names, n=3)
-                hint = f'did you mean {", ".join(close)}? ' if close else ''
+                close = difflib.get_close_matches(str(kind), names, n=3, cutoff=0.5)
+                if close:
+                    hint = f'did you mean {", ".join(close)}?'
+                else:
+                    hint = f'known: {", ".join(names[:12])}' + (
+                        f' and {len(names) - 12} more' if len(names) > 12 else '') + '.'
+                registry_names = '/'.join(r._name for r in registries)
                 raise ConfigError(f'config {path}: {where}.type {kind!r} is not a registered '
-                                  f'component: {hint}known: {", ".join(names)}.')
+                                  f'component ({registry_names}): {hint}')
         for key, value in node.items():
             _check_types(value, f'{where}.{key}', registries, path)
     elif isinstance(node, list):
@@ -129,11 +134,12 @@ def load_config(path, learning_rate=None, batch_size=None, iters=None, opts=None
         ConfigError: for a missing or malformed file, an unknown key or component
             type, or a failed paddleseg sanity rule.
     """
-    _parse_yaml(path)
+    _check_yaml_files(path)
     try:
         merged = Config._parse_from_yaml(path)
     except Exception as error:  # paddleseg raises bare exceptions on malformed bases
         raise ConfigError(f'config {path} cannot be read: {error}') from error
+    _check_top_level(merged, path)
     _check_opts(merged, opts, path)
     if learning_rate and not isinstance(merged.get('lr_scheduler'), dict):
         raise ConfigError(f'--learning_rate needs an lr_scheduler section in {path}.')
@@ -148,7 +154,6 @@ def load_config(path, learning_rate=None, batch_size=None, iters=None, opts=None
         lines = str(error).strip().splitlines()
         detail = lines[-1] if lines else type(error).__name__
         raise ConfigError(f'config {path} fails paddleseg\'s checks: {detail}') from error
-    _check_top_level(cfg.dic, path)
     for key in ('batch_size', 'iters'):
         value = cfg.dic.get(key)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

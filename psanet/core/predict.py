@@ -25,7 +25,8 @@ from psanet.core.logger import get_logger
 from psanet.core.runtime import set_device
 from psanet.core.val import merge_test_config
 
-__all__ = ['IMAGE_EXTENSIONS', 'get_image_list', 'color_map', 'predict', 'predict_from_config']
+__all__ = ['IMAGE_EXTENSIONS', 'get_image_list', 'color_map', 'save_prediction', 'predict',
+           'predict_from_config']
 
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp')
 
@@ -112,10 +113,34 @@ def _read_image(path):
     return image
 
 
-def _write(path, write):
-    os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
-    if write(path) is False:
-        raise OSError(f'cannot write {path}: check the permissions and free space of --save_dir.')
+def save_prediction(label, image, relative, save_dir, colors):
+    """Writes the pseudo-colour PNG and the overlay of one label map.
+
+    Args:
+        label (np.ndarray): uint8 [H, W] class ids at the image size.
+        image (np.ndarray): the BGR image as read.
+        relative (str): the image's path relative to the input, kept below save_dir.
+        save_dir (str): output root.
+        colors (list): flat palette from :func:`color_map`.
+
+    Returns:
+        tuple: ``(pseudo colour path, overlay path)``.
+    """
+    pseudo_path = os.path.join(save_dir, 'pseudo_color_prediction',
+                               os.path.splitext(relative)[0] + '.png')
+    added_path = os.path.join(save_dir, 'added_prediction', relative)
+    for path in (pseudo_path, added_path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    mask = Image.fromarray(label)  # mode L; putpalette turns it into a palette image
+    mask.putpalette(colors)
+    mask.save(pseudo_path)
+    palette = np.asarray(colors, dtype='uint8').reshape(-1, 3)
+    overlay = cv2.addWeighted(image, 0.6, cv2.cvtColor(palette[label], cv2.COLOR_RGB2BGR),
+                              0.4, 0)
+    if not cv2.imwrite(added_path, overlay):
+        raise OSError(f'cannot write {added_path}: check the permissions and free space of '
+                      '--save_dir.')
+    return pseudo_path, added_path
 
 
 def predict(model, transforms, image_list, save_dir='output/result', aug_pred=False, scales=1.0,
@@ -146,12 +171,9 @@ def predict(model, transforms, image_list, save_dir='output/result', aug_pred=Fa
     if is_slide:
         crop_size, stride = infer.check_slide_args(crop_size, stride)
     colors = colors or color_map(19, cityscapes=True)
-    palette = np.asarray(colors, dtype='uint8').reshape(-1, 3)
     compose = Compose(list(transforms))
     model.eval()
     mine = image_list[dist.rank()::dist.world_size()]
-    pseudo_dir = os.path.join(save_dir, 'pseudo_color_prediction')
-    added_dir = os.path.join(save_dir, 'added_prediction')
     written = []
     logger.info(f'Predicting {len(image_list)} images into {save_dir} ...')
     with paddle.no_grad():
@@ -171,16 +193,9 @@ def predict(model, transforms, image_list, save_dir='output/result', aug_pred=Fa
             if pred.shape != image.shape[:2]:
                 pred = cv2.resize(pred, (image.shape[1], image.shape[0]),
                                   interpolation=cv2.INTER_NEAREST)
-            pseudo_path = os.path.join(pseudo_dir, os.path.splitext(relative)[0] + '.png')
-            mask = Image.fromarray(pred)  # mode L; putpalette turns it into a palette image
-            mask.putpalette(colors)
-            _write(pseudo_path, mask.save)
-            added_path = os.path.join(added_dir, relative)
-            overlay = cv2.addWeighted(image, 0.6, cv2.cvtColor(palette[pred], cv2.COLOR_RGB2BGR),
-                                      0.4, 0)
-            _write(added_path, lambda p: cv2.imwrite(p, overlay))
-            written.append((pseudo_path, added_path))
-    logger.info(f'Predicted images are saved in {added_dir} and {pseudo_dir} .')
+            written.append(save_prediction(pred, image, relative, save_dir, colors))
+    logger.info(f'Predicted images are saved in {os.path.join(save_dir, "added_prediction")} '
+                f'and {os.path.join(save_dir, "pseudo_color_prediction")} .')
     return written
 
 

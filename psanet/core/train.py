@@ -208,6 +208,9 @@ def train(model, train_dataset, optimizer, losses, iters, batch_size, val_datase
 
     loader, sampler, reader = build_train_loader(train_dataset, batch_size, seed, num_workers)
     iters_per_epoch = len(sampler)
+    if state.get('iters_per_epoch', iters_per_epoch) != iters_per_epoch:
+        logger.warning(f'the checkpoint had {state["iters_per_epoch"]} iterations per epoch, now '
+                       f'{iters_per_epoch}: the training set changed since it was saved.')
     writer = None
     if use_vdl and main:
         from visualdl import LogWriter

@@ -7,46 +7,20 @@ preprocess / inference / postprocess time per image as a table.
 """
 import os
 
-import cv2
-import numpy as np
-from PIL import Image
 
 from psanet.core.logger import get_logger
-from psanet.core.predict import color_map, get_image_list
+from psanet.core.predict import color_map, get_image_list, save_prediction
 
 from .config import DeployConfig, DeployError
 from .predictor import PaddleRunner
 from .processing import postprocess, preprocess
 from .timing import StageTimer, format_table
 
-__all__ = ['infer', 'save_prediction']
+__all__ = ['infer']
 
 # Benchmark: untimed runs of the first batch first, so that one-time work
 # (oneDNN primitive creation, allocator growth) is not counted.
 WARMUP_RUNS = 3
-
-
-def save_prediction(label, image, relative, save_dir, colors):
-    """Writes the pseudo-colour PNG and the overlay of one label map, as predict.py does.
-
-    Returns:
-        tuple: ``(pseudo colour path, overlay path)``.
-    """
-    pseudo_path = os.path.join(save_dir, 'pseudo_color_prediction',
-                               os.path.splitext(relative)[0] + '.png')
-    added_path = os.path.join(save_dir, 'added_prediction', relative)
-    for path in (pseudo_path, added_path):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-    mask = Image.fromarray(label)
-    mask.putpalette(colors)
-    mask.save(pseudo_path)
-    palette = np.asarray(colors, dtype='uint8').reshape(-1, 3)
-    overlay = cv2.addWeighted(image, 0.6, cv2.cvtColor(palette[label], cv2.COLOR_RGB2BGR),
-                              0.4, 0)
-    if not cv2.imwrite(added_path, overlay):
-        raise OSError(f'cannot write {added_path}: check the permissions and free space of '
-                      f'--save_dir.')
-    return pseudo_path, added_path
 
 
 def _batches(items, batch_size):
