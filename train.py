@@ -1,8 +1,10 @@
 """Train a segmentation model from a config (PaddleSeg's train.py flags).
 
-    python train.py --config configs/psanet/psanet_resnet18_os8_mini_cityscapes_256x128_1k.yml \
-        --device cpu --save_dir output/mini --do_eval --save_interval 200
-    python -m paddle.distributed.launch --gpus 0,1,2,3 train.py --config <cfg> --do_eval
+    python train.py --config configs/psanet/psanet_resnet18_os8_mini_cityscapes_128x64_100.yml \
+        --device cpu --save_dir output/mini --do_eval --save_interval 50
+    # 4 cards x 2 images = the recipe's 8 images per step (batch_size is per card):
+    python -m paddle.distributed.launch --gpus 0,1,2,3 train.py \
+        --config configs/psanet/psanet_resnet50_os8_cityscapes_1024x512_80k.yml --batch_size 2 --do_eval
 """
 import argparse
 import sys

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 . .venv/bin/activate
 
-CONFIG=${CONFIG:-configs/psanet/psanet_resnet18_os8_mini_cityscapes_128x64_300.yml}
+CONFIG=${CONFIG:-configs/psanet/psanet_resnet18_os8_mini_cityscapes_128x64_100.yml}
 DATA=data/mini_cityscapes
 OUT=${OUT:-output/quickstart}
 VAL_IMAGES=$DATA/leftImg8bit/val
@@ -19,7 +19,7 @@ python tools/make_mini_cityscapes.py --out "$DATA" --num_train 40 --num_val 10 -
 
 step "2/6 train ($CONFIG)"
 python train.py --config "$CONFIG" --device cpu --save_dir "$OUT/train" --do_eval \
-    --save_interval 100 --log_iters 20 --seed 0 --keep_checkpoint_max 1
+    --save_interval 50 --log_iters 10 --seed 0 --keep_checkpoint_max 1
 
 MODEL=$OUT/train/best_model/model.pdparams
 step "3/6 evaluate with --aug_eval --flip_horizontal"

@@ -11,6 +11,7 @@ from paddleseg.cvlibs import Config, SegBuilder
 import psanet  # noqa: F401  (registers PSANet)
 from psanet.models import PSANet
 from psanet.models.psanet import PSABranch
+from test_psa_mask import reference_forward
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, 'configs', 'psanet', '*.yml')))
@@ -28,26 +29,6 @@ def build_from_yaml(path):
     model_cfg['pretrained'] = None
     model_cfg['backbone']['pretrained'] = None
     return cfg, SegBuilder(cfg).model
-
-
-def psa_mask_loop(x, psa_type, mask_h, mask_w):
-    """The op's definition, literally (independent of psanet.ops)."""
-    n_, _, h_, w_ = x.shape
-    y = np.zeros((n_, h_ * w_, h_, w_), x.dtype)
-    half_h, half_w = (mask_h - 1) // 2, (mask_w - 1) // 2
-    for n in range(n_):
-        for h in range(h_):
-            for w in range(w_):
-                for i in range(mask_h):
-                    for j in range(mask_w):
-                        qh, qw = h + i - half_h, w + j - half_w
-                        if 0 <= qh < h_ and 0 <= qw < w_:
-                            p, q = h * w_ + w, qh * w_ + qw
-                            if psa_type == 0:
-                                y[n, q, p // w_, p % w_] = x[n, i * mask_w + j, h, w]
-                            else:
-                                y[n, p, q // w_, q % w_] = x[n, i * mask_w + j, h, w]
-    return y
 
 
 def branch_reference(x_reduced, dense, scale, softmax):
@@ -108,18 +89,26 @@ def test_odd_input_size_comes_back_at_input_size(psa_type):
 
 @pytest.mark.parametrize('psa_type', [0, 1])
 @pytest.mark.parametrize('softmax', [True, False])
-def test_psa_branch_matches_numpy(psa_type, softmax):
+@pytest.mark.parametrize('shrink_factor', [1, 2])
+def test_psa_branch_matches_numpy(psa_type, softmax, shrink_factor):
+    """reduce -> shrink -> attention -> PSA mask -> softmax -> aggregation, in that order."""
     paddle.seed(0)
     mask_h, mask_w = 5, 3
-    branch = PSABranch(8, 6, psa_type, mask_h, mask_w, normalization_factor=2.5,
+    branch = PSABranch(8, 6, psa_type, mask_h, mask_w, shrink_factor, normalization_factor=2.5,
                        psa_softmax=softmax, compact=False)
     branch.eval()
-    x = paddle.randn([2, 8, 4, 5], dtype='float32')
+    # 8x10 shrinks by a non-integer ratio (7/3, 9/4): a real interpolation, which
+    # does not commute with reduce's ReLU (7x9 would be plain subsampling).
+    x = paddle.randn([2, 8, 8, 10], dtype='float32')
     with paddle.no_grad():
         out = branch(x).numpy()
         reduced = branch.reduce(x)
+        if shrink_factor > 1:
+            size = [(8 - 1) // shrink_factor + 1, (10 - 1) // shrink_factor + 1]
+            reduced = paddle.nn.functional.interpolate(reduced, size, mode='bilinear',
+                                                       align_corners=True)
         attention = branch.attention(reduced).numpy()
-    dense = psa_mask_loop(attention, psa_type, mask_h, mask_w)
+    dense = reference_forward(attention, ['collect', 'distribute'][psa_type], mask_h, mask_w)
     expected = branch_reference(reduced.numpy(), dense, 1 / 2.5, softmax)
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
 
@@ -128,7 +117,7 @@ def test_psa_branch_matches_numpy(psa_type, softmax):
 def test_compact_matches_reference(psa_type):
     paddle.seed(1)
     h, w = 3, 4
-    branch = PSABranch(8, 6, psa_type, h, w, normalization_factor=1.0, psa_softmax=True,
+    branch = PSABranch(8, 6, psa_type, h, w, 1, normalization_factor=1.0, psa_softmax=True,
                        compact=True)
     branch.eval()
     x = paddle.randn([2, 8, h, w])
@@ -164,13 +153,13 @@ def test_compact_equals_full_window_op():
                 relative[0, i * (2 * w - 1) + j, p // w, p % w] = absolute[0, q, p // w, p % w]
         from psanet.ops import psa_mask
         full = psa_mask(paddle.to_tensor(relative), psa_type, (2 * h - 1, 2 * w - 1)).numpy()
-        branch = PSABranch(4, 4, psa_type, h, w, 1.0, False, compact=True)
+        branch = PSABranch(4, 4, psa_type, h, w, 1, 1.0, False, compact=True)
         compact = branch._compact_attention(paddle.to_tensor(absolute)).numpy()
         np.testing.assert_array_equal(compact, full)
 
 
 def test_compact_wrong_map_size_is_a_clear_error():
-    branch = PSABranch(8, 6, 0, 3, 4, 1.0, True, compact=True)
+    branch = PSABranch(8, 6, 0, 3, 4, 1, 1.0, True, compact=True)
     with pytest.raises(ValueError, match=r'mask_h: 5 and mask_w: 6'):
         branch(paddle.randn([1, 8, 5, 6]))
 

@@ -69,6 +69,7 @@ class PSANet(nn.Layer):
                              f'main), got {backbone_indices}.')
         self.backbone = backbone
         self.backbone_indices = tuple(backbone_indices)
+        self.num_classes = num_classes
         backbone_channels = [backbone.feat_channels[i] for i in backbone_indices]
         self.head = PSAHead(num_classes, backbone_channels, psa_type, mask_h, mask_w,
                             psa_channels, shrink_factor, normalization_factor,
@@ -101,7 +102,8 @@ class PSAHead(nn.Layer):
         mask_h (int): Attention window height.
         mask_w (int): Attention window width.
         psa_channels (int): Channels of each branch's reduced feature.
-        shrink_factor (int): Shrink factor of the map attention runs on.
+        shrink_factor (int): Each branch shrinks its reduced feature by this factor
+            before attention; the projection is resized back.
         normalization_factor (float|None): Aggregation scale 1/normalization_factor;
             None means mask_h*mask_w.
         psa_softmax (bool): Softmax the attention over its H*W axis.
@@ -132,7 +134,7 @@ class PSAHead(nn.Layer):
             directions = [_COLLECT, _DISTRIBUTE] if psa_type == _BIDIRECTION else [psa_type]
             self.branches = nn.LayerList([
                 PSABranch(in_channels, psa_channels, direction, mask_h, mask_w,
-                          normalization_factor, psa_softmax, compact)
+                          shrink_factor, normalization_factor, psa_softmax, compact)
                 for direction in directions
             ])
             # 1x1 projection back to the backbone width; no padding, unlike
@@ -153,16 +155,11 @@ class PSAHead(nn.Layer):
     def forward(self, feats):
         aux_feat, x = feats
         if self.use_psa:
-            size = paddle.shape(x)[2:]
-            if self.shrink_factor > 1:
-                shrunk_size = (size - 1) // self.shrink_factor + 1
-                shrunk = F.interpolate(x, shrunk_size, mode='bilinear', align_corners=True)
-            else:
-                shrunk = x
-            attended = paddle.concat([branch(shrunk) for branch in self.branches], axis=1)
+            attended = paddle.concat([branch(x) for branch in self.branches], axis=1)
             attended = self.project(attended)
             if self.shrink_factor > 1:
-                attended = F.interpolate(attended, size, mode='bilinear', align_corners=True)
+                attended = F.interpolate(attended, paddle.shape(x)[2:], mode='bilinear',
+                                         align_corners=True)
             x = paddle.concat([x, attended], axis=1)
         logit = self.classifier(self.dropout(self.bottleneck(x)))
         if self.training and self.enable_auxiliary_loss:
@@ -173,8 +170,8 @@ class PSAHead(nn.Layer):
 class PSABranch(nn.Layer):
     """One direction of point-wise spatial attention (collect or distribute).
 
-    Reduces the feature, predicts a mask_h x mask_w attention window per position,
-    spreads it to a dense [H*W, H*W] map with the PSA mask op (or reads it directly
+    Reduces the feature, shrinks it to ((H-1)//s+1, (W-1)//s+1), predicts a
+    mask_h x mask_w attention window per position, spreads it to a dense [H*W, H*W] map with the PSA mask op (or reads it directly
     when compact), optionally softmaxes it over the H*W axis, and aggregates the
     reduced feature with it.
 
@@ -184,16 +181,18 @@ class PSABranch(nn.Layer):
         psa_type (int): 0 collect, 1 distribute.
         mask_h (int): Attention window height.
         mask_w (int): Attention window width.
+        shrink_factor (int): Shrink factor s of the map attention runs on.
         normalization_factor (float): The aggregate is multiplied by its inverse.
         psa_softmax (bool): Softmax the attention over its H*W axis.
         compact (bool): One attention channel per absolute position; needs
             (mask_h, mask_w) equal to the map size.
     """
 
-    def __init__(self, in_channels, channels, psa_type, mask_h, mask_w,
+    def __init__(self, in_channels, channels, psa_type, mask_h, mask_w, shrink_factor,
                  normalization_factor, psa_softmax, compact):
         super().__init__()
         self.psa_type = psa_type
+        self.shrink_factor = shrink_factor
         self.mask_h, self.mask_w = mask_h, mask_w
         self.scale = 1.0 / normalization_factor
         self.psa_softmax = psa_softmax
@@ -205,7 +204,7 @@ class PSABranch(nn.Layer):
         self.psa_mask = None if compact else PSAMask(psa_type, (mask_h, mask_w))
 
     def forward(self, x):
-        x = self.reduce(x)
+        x = self.shrink(self.reduce(x))
         attention = self.attention(x)
         if self.compact:
             attention = self._compact_attention(attention)
@@ -214,6 +213,13 @@ class PSABranch(nn.Layer):
         if self.psa_softmax:
             attention = F.softmax(attention, axis=1)
         return aggregate(x, attention) * self.scale
+
+    def shrink(self, x):
+        """Bilinear resize to ((H-1)//s+1, (W-1)//s+1), corners aligned, as the original."""
+        if self.shrink_factor == 1:
+            return x
+        size = (paddle.shape(x)[2:] - 1) // self.shrink_factor + 1
+        return F.interpolate(x, size, mode='bilinear', align_corners=True)
 
     def _compact_attention(self, attention):
         """Channel q at position p is the weight between positions q and p."""
