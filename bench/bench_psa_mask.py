@@ -23,8 +23,9 @@ import paddle  # noqa: E402
 
 from psanet.ops import load_library, psa_mask  # noqa: E402
 
-# (mask size, feature H, feature W): PSANet's two Cityscapes settings,
-# 1/8 of 256x512 and of 512x1024 crops.
+# (mask size, feature H, feature W): the attention maps of a 1024x512 training
+# crop (1/8, then shrunk by 2: 32x64, mask 59) and of a full 2048x1024 image
+# at test time (64x128; 97 is the mask that covers most of it).
 SHAPES = [(59, 32, 64), (97, 64, 128)]
 BATCHES = [1, 8]
 GIB = 1 << 30

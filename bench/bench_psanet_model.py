@@ -19,8 +19,10 @@ from paddleseg.cvlibs import Config, SegBuilder  # noqa: E402
 
 import psanet  # noqa: E402,F401
 
-DEFAULT_CONFIGS = ['configs/psanet/psanet_resnet50_os8_cityscapes_1024x512_80k.yml',
-                   'configs/psanet/psanet_resnet101_os8_cityscapes_1024x512_80k.yml']
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_CONFIGS = [os.path.join(ROOT, 'configs', 'psanet', name) for name in (
+    'psanet_resnet50_os8_cityscapes_1024x512_80k.yml',
+    'psanet_resnet101_os8_cityscapes_1024x512_80k.yml')]
 
 
 def count(layer):

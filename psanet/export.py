@@ -16,6 +16,7 @@ import paddle
 import paddle.nn as nn
 import yaml
 
+from psanet.core.predict import PALETTES, palette_for
 from psanet.ops import psa_impl as use_psa_impl
 
 __all__ = ['ExportedModel', 'export_model', 'export_onnx', 'export_from_config',
@@ -77,7 +78,7 @@ def parse_input_shape(input_shape):
 
 
 def export_model(model, val_transforms, save_dir, input_shape=None, output_op='argmax',
-                 psa_impl='custom', onnx=False, num_classes=None):
+                 psa_impl='custom', onnx=False, num_classes=None, palette='default'):
     """Saves ``model`` for deployment; returns the path of ``deploy.yaml``.
 
     Args:
@@ -90,7 +91,9 @@ def export_model(model, val_transforms, save_dir, input_shape=None, output_op='a
             'softmax' (probabilities) or 'none' (logits). Default: 'argmax'.
         psa_impl (str, optional): 'custom' or 'paddle' (see module doc). Default: 'custom'.
         onnx (bool, optional): Also write model.onnx (needs psa_impl='paddle'). Default: False.
-        num_classes (int, optional): Written to deploy.yaml for the colour map. Default: None.
+        num_classes (int, optional): Written to deploy.yaml. Default: None.
+        palette (str, optional): Colours of the deployed predictions, 'cityscapes' or
+            'default' (see ``psanet.core.predict.palette_for``). Default: 'default'.
     """
     if output_op not in OUTPUT_OPS:
         raise ValueError(f'--output_op must be one of {OUTPUT_OPS}, got {output_op!r}.')
@@ -99,6 +102,8 @@ def export_model(model, val_transforms, save_dir, input_shape=None, output_op='a
     if onnx and psa_impl != 'paddle':
         raise ValueError('ONNX export needs the pure-Paddle op: add --psa_impl paddle '
                          '(paddle2onnx cannot convert custom operators).')
+    if palette not in PALETTES:
+        raise ValueError(f'palette must be one of {PALETTES}, got {palette!r}.')
     shape = parse_input_shape(input_shape)
     os.makedirs(save_dir, exist_ok=True)
     was_training = model.training
@@ -124,6 +129,7 @@ def export_model(model, val_transforms, save_dir, input_shape=None, output_op='a
         'output_op': output_op,
         'output_dtype': 'int32' if output_op == 'argmax' else 'float32',
         'psa_impl': psa_impl,
+        'palette': palette,
     }
     if num_classes is not None:
         deploy['num_classes'] = int(num_classes)
@@ -197,11 +203,10 @@ def export_from_config(config, model_path, save_dir='output/inference_model', in
     val_transforms = (cfg.dic.get('val_dataset') or {}).get('transforms') or \
         [{'type': 'Normalize'}]
     val_class = builder.val_dataset_class if cfg.dic.get('val_dataset') else None
-    num_classes = getattr(model, 'num_classes', None) or \
-        cfg.dic.get('model', {}).get('num_classes') or getattr(val_class, 'NUM_CLASSES', None)
     path = export_model(model, val_transforms, save_dir, input_shape=shape,
                         output_op=output_op, psa_impl=psa_impl, onnx=onnx,
-                        num_classes=num_classes)
+                        num_classes=getattr(model, 'num_classes', None),
+                        palette=palette_for(val_class))
     logger.info(f'Exported the model ({psa_impl} psa_mask, input {shape}, output '
                 f'{output_op}) to {save_dir}; deploy config {path}.')
     if check_image_path:

@@ -123,6 +123,39 @@ def toy_config(root, iters=20, batch_size=2, num_classes=3, learning_rate=0.1, a
     }
 
 
+def window_starts(size, window, step):
+    """Offsets of sliding windows along one axis: every ``step``, the last flush with the end."""
+    if size <= window:
+        return [0]
+    starts = list(range(0, size - window + 1, step))
+    return starts + ([size - window] if starts[-1] + window < size else [])
+
+
+def slide_reference(predict, image, crop, stride):
+    """Sliding-window output by a plain loop, each pixel the mean of the windows covering it.
+
+    Args:
+        predict (callable): numpy [N, C, h, w] window -> numpy [N, K, h, w].
+        image (np.ndarray): [N, C, H, W].
+        crop (tuple): (w, h) of a window.
+        stride (tuple): (w, h) between windows.
+
+    Returns:
+        np.ndarray: float64 [N, K, H, W].
+    """
+    height, width = image.shape[-2:]
+    total, count = None, np.zeros((height, width))
+    for y in window_starts(height, crop[1], stride[1]):
+        for x in window_starts(width, crop[0], stride[0]):
+            out = np.asarray(predict(np.ascontiguousarray(image[..., y:y + crop[1],
+                                                                 x:x + crop[0]])), np.float64)
+            if total is None:
+                total = np.zeros(out.shape[:2] + (height, width))
+            total[..., y:y + crop[1], x:x + crop[0]] += out
+            count[y:y + crop[1], x:x + crop[0]] += 1
+    return total / count
+
+
 def write_config(path, config):
     """Writes a config dict as YAML and returns the path."""
     with open(path, 'w') as f:

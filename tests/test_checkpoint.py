@@ -102,6 +102,40 @@ def test_interrupted_replace_keeps_previous_best_model(tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == ['best_model']
 
 
+def test_crash_between_the_two_renames_is_recovered(tmp_path, monkeypatch):
+    model, _, _ = _model_and_optimizer()
+    ckpt.save_checkpoint(str(tmp_path / 'best_model'), model, state={'miou': 0.5})
+    before = _arrays(model.state_dict())
+    for p in model.parameters():
+        p.set_value(p.numpy() + 1)
+    real_replace = os.replace
+    calls = {'n': 0}
+
+    def replace(source, target):
+        calls['n'] += 1
+        if calls['n'] == 2:  # the old folder is aside, the new one not yet in place
+            raise KeyboardInterrupt('killed (simulated)')
+        return real_replace(source, target)
+
+    monkeypatch.setattr(ckpt.os, 'replace', replace)
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.save_checkpoint(str(tmp_path / 'best_model'), model, state={'miou': 0.9})
+    monkeypatch.undo()
+    assert calls['n'] == 2 and not (tmp_path / 'best_model').exists()
+    ckpt.remove_stale_temporaries(str(tmp_path))
+    assert os.listdir(tmp_path) == ['best_model']
+    with open(tmp_path / 'best_model' / ckpt.STATE_FILE) as f:
+        assert json.load(f)['miou'] == 0.5
+    fresh = TinySegNet(3)
+    ckpt.load_model_weights(fresh, str(tmp_path / 'best_model'))
+    for key, value in _arrays(fresh.state_dict()).items():
+        np.testing.assert_array_equal(value, before[key])
+    # With best_model present, a leftover old copy is only deleted.
+    os.makedirs(tmp_path / '.best_model.old.tmp-xyz' / 'previous')
+    ckpt.remove_stale_temporaries(str(tmp_path))
+    assert os.listdir(tmp_path) == ['best_model']
+
+
 def test_prune_list_and_stale_temporaries(tmp_path):
     model, optimizer, _ = _model_and_optimizer()
     for iteration in (2, 4, 6, 8):

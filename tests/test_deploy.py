@@ -13,6 +13,7 @@ import numpy as np
 import paddle
 import pytest
 import yaml
+from cityscapesscripts.helpers.labels import trainId2label
 from PIL import Image
 from paddleseg.cvlibs import Config, SegBuilder
 
@@ -21,7 +22,8 @@ from psanet.deploy import DeployConfig, DeployError, PaddleRunner, StageTimer, p
 from psanet.export import export_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MINI_CONFIG = sorted(glob.glob(os.path.join(ROOT, 'configs', 'psanet', '*mini*.yml')))[0]
+CITYSCAPES_COLORS = np.array([trainId2label[i].color for i in range(19)])
+MINI_CONFIG, = glob.glob(os.path.join(ROOT, 'configs', 'psanet', '*mini*.yml'))
 INFER = os.path.join(ROOT, 'deploy', 'python', 'infer.py')
 IMAGE_SIZE = (96, 64)  # width, height
 
@@ -75,7 +77,9 @@ def setup(tmp_path_factory):
     model = build_mini_model()
     dirs = {impl: str(root / impl) for impl in ('custom', 'paddle')}
     for impl, save_dir in dirs.items():
-        export_model(model, [{'type': 'Normalize'}], save_dir, psa_impl=impl, num_classes=19)
+        # 19 classes both times: the palette comes from deploy.yaml, not the class count.
+        export_model(model, [{'type': 'Normalize'}], save_dir, psa_impl=impl, num_classes=19,
+                     palette='cityscapes' if impl == 'custom' else 'default')
     images = root / 'images'
     (images / 'sub').mkdir(parents=True)
     rng = np.random.RandomState(0)
@@ -110,6 +114,8 @@ def test_infer_writes_the_dygraph_prediction(setup, tmp_path, capfd, impl, mkldn
         with Image.open(pseudo) as mask:
             assert mask.mode == 'P'
             np.testing.assert_array_equal(np.asarray(mask), dygraph_labels(model, image))
+            colors = np.asarray(mask.getpalette()[:19 * 3]).reshape(19, 3)
+        assert np.array_equal(colors, CITYSCAPES_COLORS) == (impl == 'custom')
         assert cv2.imread(str(added)).shape == image.shape
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import paddle
 
 import engine_helpers as helpers
-from psanet.core.checkpoint import save_checkpoint
+from psanet.core.checkpoint import load_model_weights, save_checkpoint
 from psanet.core.config import ComponentBuilder, load_config
 from psanet.core.val import evaluate
 
@@ -41,11 +41,11 @@ paddle.seed(100 + rank)  # different initial weights: DataParallel must make the
 builder = ComponentBuilder(load_config(config))
 model = builder.model
 result = train(model, builder.dataset('train'), builder.optimizer, builder.losses, iters=4,
-               batch_size=2, save_dir=os.path.join(out, 'train'), save_interval=4, log_iters=1,
-               seed=5)
+               batch_size=2, val_dataset=builder.dataset('val'),
+               save_dir=os.path.join(out, 'train'), save_interval=4, log_iters=1)
 np.savez(os.path.join(out, 'params_%d.npz' % rank),
-         **{{k: v.numpy() for k, v in model.named_parameters() if v.trainable}})
-sampler = TrainBatchSampler(list(range(8)), batch_size=2)
+         **{{k: v.numpy() for k, v in model.named_parameters()}})
+sampler = TrainBatchSampler(list(range(8)), batch_size=2, seed=5)
 orders = []
 for epoch in range(3):
     sampler.set_epoch(epoch)
@@ -55,6 +55,8 @@ metrics = evaluate(model, builder.dataset('val'), print_detail=False)
 with open(os.path.join(out, 'rank_%d.json' % rank), 'w') as f:
     json.dump({{'world_size': dist.world_size(), 'losses': result['losses'],
                'local_losses': result['local_losses'], 'orders': orders,
+               'train_eval_areas': result['evals'][-1][1]['areas'].tolist(),
+               'seed': result['seed'],
                'miou': metrics['miou'], 'areas': metrics['areas'].tolist()}}, f)
 '''
 
@@ -83,12 +85,25 @@ def test_two_processes(tmp_path):
     ranks = [json.load(open(out / f'rank_{r}.json')) for r in range(2)]
     assert [r['world_size'] for r in ranks] == [2, 2]
 
-    # The trainable parameters are identical on both ranks after training (BatchNorm's
-    # running statistics are per process on CPU, where there is no SyncBatchNorm).
+    # The parameters are identical on both ranks after training, BatchNorm's running
+    # statistics included: per process on CPU (no SyncBatchNorm), they are copied from
+    # rank 0 at each checkpoint.
     params = [np.load(out / f'params_{r}.npz') for r in range(2)]
     assert params[0].files and params[0].files == params[1].files
+    assert any(key.endswith('_mean') for key in params[0].files)
     for key in params[0].files:
         np.testing.assert_array_equal(params[0][key], params[1][key], err_msg=key)
+
+    # The evaluation during training is that of the saved best model (rank 0's), and
+    # both ranks drew (without --seed) and saved rank 0's seed.
+    best = ComponentBuilder(load_config(config)).model
+    load_model_weights(best, str(out / 'train' / 'best_model'))
+    saved = evaluate(best, builder.dataset('val'), print_detail=False)
+    for rank in ranks:
+        np.testing.assert_array_equal(rank['train_eval_areas'], saved['areas'])
+    assert ranks[0]['seed'] == ranks[1]['seed']
+    with open(out / 'train' / 'iter_4' / 'train_state.json') as f:
+        assert json.load(f)['seed'] == ranks[0]['seed']
 
     # The logged loss is the mean of the two ranks' own losses, the same on both ranks.
     local = np.array([r['local_losses'] for r in ranks])

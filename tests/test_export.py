@@ -18,7 +18,7 @@ from psanet.deploy.config import graph_holds_custom_op
 from psanet.export import export_model, parse_input_shape
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MINI_CONFIG = sorted(glob.glob(os.path.join(ROOT, 'configs', 'psanet', '*mini*.yml')))[0]
+MINI_CONFIG, = glob.glob(os.path.join(ROOT, 'configs', 'psanet', '*mini*.yml'))
 TOL = 1e-4
 # Two sizes for one dynamic export; neither is the training crop, and batch 2 on one.
 SHAPES = [(1, 3, 64, 128), (2, 3, 80, 96)]
@@ -35,7 +35,6 @@ def build_mini_model():
 
 
 def inputs(shape, seed=3):
-    # Seed 3: no pixel of the untrained model's output is near a tie (asserted below).
     return np.random.RandomState(seed).uniform(-1, 1, shape).astype('float32')
 
 
@@ -62,11 +61,12 @@ def exported(tmp_path_factory):
 def assert_agrees(got, want, where):
     assert got.shape == want.shape, where
     # Logits within TOL can only flip an argmax where the top two are closer than
-    # 2*TOL; make sure the inputs have no such pixel, so argmax must be identical.
+    # 2*TOL: everywhere else the argmax must be identical.
     top2 = np.sort(want, axis=1)[:, -2:]
-    assert (top2[:, 1] - top2[:, 0]).min() > 2 * TOL, 'inputs too close to a tie'
+    clear = top2[:, 1] - top2[:, 0] > 2 * TOL
+    assert clear.mean() > 0.99, 'inputs too close to a tie'
     np.testing.assert_allclose(got, want, rtol=0, atol=TOL, err_msg=where)
-    np.testing.assert_array_equal(got.argmax(1), want.argmax(1), err_msg=where)
+    np.testing.assert_array_equal(got.argmax(1)[clear], want.argmax(1)[clear], err_msg=where)
 
 
 @pytest.mark.parametrize('impl', ['custom', 'paddle'])
@@ -166,6 +166,8 @@ def test_export_rejects_bad_arguments(exported, tmp_path):
         export_model(model, [], str(tmp_path / 'b'), output_op='max')
     with pytest.raises(ValueError, match='--psa_impl'):
         export_model(model, [], str(tmp_path / 'c'), psa_impl='cuda')
+    with pytest.raises(ValueError, match='palette'):
+        export_model(model, [], str(tmp_path / 'd'), palette='rainbow')
 
 
 def test_export_from_config_loads_the_weights(exported, tmp_path):
@@ -179,6 +181,7 @@ def test_export_from_config_loads_the_weights(exported, tmp_path):
                        output_op='none', psa_impl='paddle', onnx=True)
     deploy = DeployConfig(save_dir)
     assert deploy.input_shape == [1, 3, 64, 128] and deploy.num_classes == 19
+    assert deploy.palette == 'cityscapes'  # the mini config's val dataset is Cityscapes
     assert deploy.output_op == 'none' and deploy.onnx and not deploy.holds_custom_op
     shape = SHAPES[0]
     assert_agrees(OnnxRunner(deploy).run(inputs(shape)), logits[shape], 'export_from_config')

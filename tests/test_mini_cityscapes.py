@@ -12,21 +12,13 @@ from cityscapesscripts.helpers.labels import labels as CITYSCAPES_LABELS
 from PIL import Image
 
 from psanet.data.mini_cityscapes import MARKER, generate
+from test_prepare_cityscapes import reference_train_ids
 
 ROOT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZE = (96, 48)  # (width, height): odd-ish, not the default, to catch width/height swaps
 NUM_TRAIN, NUM_VAL = 8, 4
 TRAIN_NAMES = [l.name for l in sorted(CITYSCAPES_LABELS, key=lambda l: l.trainId)
                if 0 <= l.trainId < 255]
-
-
-def reference_train_ids(label_ids):
-    """label id -> train id straight from the official list, one pixel at a time."""
-    table = {l.id: (l.trainId if 0 <= l.trainId < 255 else 255) for l in CITYSCAPES_LABELS}
-    out = np.empty_like(label_ids)
-    for (i, j), value in np.ndenumerate(label_ids):
-        out[i, j] = table[int(value)]
-    return out
 
 
 def files(root, pattern):

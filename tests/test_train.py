@@ -16,7 +16,7 @@ from psanet.core.config import ComponentBuilder, load_config
 from psanet.core.errors import DatasetError, TrainingError, run_cli
 from psanet.core.loader import SampleReader, TrainBatchSampler
 from psanet.core.runtime import to_plain_batchnorm
-from psanet.core.train import train, train_from_config
+from psanet.core.train import iteration_seed, train, train_from_config
 from psanet.core.val import evaluate
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -190,6 +190,24 @@ def test_sampler_reshuffles_every_epoch_and_resumes_mid_epoch():
     assert [i for batch in sampler for i in batch] == epochs[1][6:]
 
 
+def _epoch_order(seed, epoch=0, rank=0):
+    sampler = TrainBatchSampler(list(range(16)), batch_size=2, seed=seed, num_replicas=2,
+                                rank=rank)
+    sampler.set_epoch(epoch)
+    return [i for batch in sampler for i in batch]
+
+
+def test_seed_changes_the_data_order_and_dropout_seeds_differ_per_rank():
+    assert _epoch_order(seed=1) == _epoch_order(seed=1)
+    assert _epoch_order(seed=1) != _epoch_order(seed=2)
+    for seed in (1, 2):  # the ranks still split one permutation
+        orders = [_epoch_order(seed, rank=r) for r in range(2)]
+        assert sorted(orders[0] + orders[1]) == list(range(16))
+    assert iteration_seed(3, 5, rank=0) == iteration_seed(3, 5, rank=0)
+    assert len({iteration_seed(3, 5, rank=r) for r in range(4)} |
+               {iteration_seed(3, 6, rank=0), iteration_seed(4, 5, rank=0)}) == 6
+
+
 def _corrupt(path):
     with open(path, 'wb') as f:
         f.write(b'not an image')
@@ -272,6 +290,10 @@ def test_bad_config_inputs_are_one_line_errors(tmp_path, capsys, toy):
     message = _cli_error(capsys, config=helpers.write_config(tmp_path / 'a.yml', typo),
                          save_dir=save_dir)
     assert "unknown top-level keys 'iter' (did you mean 'iters'?)" in message
+    ignored = dict(config, to_static_training=True)
+    message = _cli_error(capsys, config=helpers.write_config(tmp_path / 'static.yml', ignored),
+                         save_dir=save_dir)
+    assert 'sets to_static_training, which this engine does not support' in message
     path = helpers.write_config(tmp_path / 'b.yml', config)
     message = _cli_error(capsys, config=path, save_dir=save_dir, opts=['modle.num_classes=3'])
     assert 'modle is not in' in message
@@ -293,8 +315,7 @@ def test_bad_config_inputs_are_one_line_errors(tmp_path, capsys, toy):
     assert '--resume_model' in message
 
 
-MINI_CONFIG = os.path.join(REPO, 'configs', 'psanet',
-                           'psanet_resnet18_os8_mini_cityscapes_256x128_1k.yml')
+MINI_CONFIG, = glob.glob(os.path.join(REPO, 'configs', 'psanet', '*mini*.yml'))
 
 
 def test_train_py_end_to_end_and_exit_code(tmp_path):

@@ -9,7 +9,10 @@ A checkpoint is a folder ``<save_dir>/iter_N/`` (or ``best_model/``) with::
 It is written into a hidden temporary folder next to it and renamed into
 place only when every file is complete, so a crash or an exception while
 saving never leaves an ``iter_N`` that loads wrong, and the previous
-checkpoints stay as they were.
+checkpoints stay as they were. Replacing an existing folder (``best_model/``)
+takes two renames; a crash between them leaves the old folder in
+``.<name>.old.tmp-*/previous``, which the next run's
+:func:`remove_stale_temporaries` renames back.
 """
 import json
 import os
@@ -32,6 +35,9 @@ OPTIMIZER_FILE = 'model.pdopt'
 STATE_FILE = 'train_state.json'
 _ITER_DIR = re.compile(r'^iter_(\d+)$')
 _TEMP_MARK = '.tmp-'
+_RETIRED_SUFFIX = '.old'
+_RETIRED_DIR = re.compile(r'^\.(.+)' + re.escape(_RETIRED_SUFFIX + _TEMP_MARK))
+_PREVIOUS = 'previous'
 
 
 def _to_json(value):
@@ -47,6 +53,15 @@ def _to_json(value):
     if isinstance(value, paddle.Tensor):
         return value.numpy().tolist()
     return value
+
+
+def _fsync(path):
+    """Flushes a file's or a folder's entries to disk, so a rename survives a power loss."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def save_checkpoint(directory, model, optimizer=None, state=None):
@@ -73,17 +88,21 @@ def save_checkpoint(directory, model, optimizer=None, state=None):
         if state is not None:
             with open(os.path.join(temporary, STATE_FILE), 'w') as f:
                 json.dump(_to_json(state), f, indent=1)
-                f.flush()
-                os.fsync(f.fileno())
+        for name in os.listdir(temporary):
+            _fsync(os.path.join(temporary, name))
+        _fsync(temporary)
         if os.path.exists(directory):
             # rename() cannot replace a non-empty folder: move the old one aside first.
             retired = tempfile.mkdtemp(
-                prefix='.' + os.path.basename(directory) + '.old' + _TEMP_MARK, dir=parent)
-            os.replace(directory, os.path.join(retired, 'previous'))
+                prefix='.' + os.path.basename(directory) + _RETIRED_SUFFIX + _TEMP_MARK,
+                dir=parent)
+            os.replace(directory, os.path.join(retired, _PREVIOUS))
             os.replace(temporary, directory)
+            _fsync(parent)
             shutil.rmtree(retired, ignore_errors=True)
         else:
             os.replace(temporary, directory)
+            _fsync(parent)
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)
         raise
@@ -123,9 +142,21 @@ def prune_checkpoints(save_dir, keep_checkpoint_max):
 
 
 def remove_stale_temporaries(save_dir):
-    """Deletes the hidden temporary folders a killed process left while saving."""
+    """Deletes the hidden temporary folders a killed process left while saving.
+
+    A checkpoint folder that a crash left only as ``.<name>.old.tmp-*/previous``
+    (between the two renames of :func:`save_checkpoint`) is first renamed back
+    to ``<name>``.
+    """
     if not os.path.isdir(save_dir):
         return
+    for name in sorted(os.listdir(save_dir)):
+        match = _RETIRED_DIR.match(name)
+        previous = os.path.join(save_dir, name, _PREVIOUS)
+        final = os.path.join(save_dir, match.group(1)) if match else None
+        if final and os.path.isdir(previous) and not os.path.exists(final):
+            os.replace(previous, final)
+            _fsync(save_dir)
     for name in os.listdir(save_dir):
         if name.startswith('.') and _TEMP_MARK in name:
             shutil.rmtree(os.path.join(save_dir, name), ignore_errors=True)

@@ -19,12 +19,17 @@ import psanet.models  # noqa: F401  (registers PSANet in manager.MODELS)
 from psanet.core.errors import ConfigError
 from psanet.data.validate import check_dataset_config, validate_dataset
 
-__all__ = ['KNOWN_KEYS', 'load_config', 'ComponentBuilder']
+__all__ = ['KNOWN_KEYS', 'UNSUPPORTED_KEYS', 'load_config', 'ComponentBuilder']
 
-# Top-level keys paddleseg 2.8.0 reads, plus the engine's own ``sync_bn``.
+# Top-level keys the engine reads: paddleseg 2.8.0's, plus the engine's own ``sync_bn``.
 KNOWN_KEYS = ('batch_size', 'iters', 'train_dataset', 'val_dataset', 'optimizer', 'lr_scheduler',
-              'loss', 'distill_loss', 'model', 'test_config', 'export', 'to_static_training',
-              'sync_bn')
+              'loss', 'model', 'test_config', 'sync_bn')
+# paddleseg keys this engine would silently ignore: refused, so a run never differs unnoticed.
+UNSUPPORTED_KEYS = {
+    'distill_loss': 'knowledge distillation (paddleseg\'s slim/distill) is not implemented',
+    'to_static_training': 'training runs in dynamic graph mode only',
+    'export': 'export options come from export.py\'s flags (--input_shape, --output_op)',
+}
 
 # Which registries a section's ``type`` keys name, for suggestions in errors.
 _SECTION_REGISTRIES = {
@@ -32,7 +37,6 @@ _SECTION_REGISTRIES = {
     'train_dataset': (manager.DATASETS, manager.TRANSFORMS),
     'val_dataset': (manager.DATASETS, manager.TRANSFORMS),
     'loss': (manager.LOSSES, ),
-    'distill_loss': (manager.LOSSES, ),
     'optimizer': (manager.OPTIMIZERS, ),
 }
 _ALL_REGISTRIES = (manager.MODELS, manager.BACKBONES, manager.DATASETS, manager.TRANSFORMS,
@@ -83,6 +87,11 @@ def _keys(node):
 
 
 def _check_top_level(dic, path):
+    unsupported = [k for k in dic if k in UNSUPPORTED_KEYS]
+    if unsupported:
+        reasons = '; '.join(f'{k}: {UNSUPPORTED_KEYS[k]}' for k in unsupported)
+        raise ConfigError(f'config {path} sets {", ".join(unsupported)}, which this engine does '
+                          f'not support ({reasons}): remove them from the config.')
     unknown = [k for k in dic if k not in KNOWN_KEYS and k != '_inherited_']
     if unknown:
         hints = []

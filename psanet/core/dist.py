@@ -7,7 +7,8 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
-__all__ = ['world_size', 'rank', 'is_main_process', 'init_parallel', 'all_reduce_sum']
+__all__ = ['world_size', 'rank', 'is_main_process', 'init_parallel', 'all_reduce_sum',
+           'broadcast_buffers']
 
 
 def world_size():
@@ -46,3 +47,23 @@ def all_reduce_sum(values):
     tensor = paddle.to_tensor(values, dtype='float64')
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor.numpy()
+
+
+def broadcast_buffers(model, src=0):
+    """Copies the model's state that DataParallel does not sync from rank ``src`` to all ranks.
+
+    DataParallel keeps the trainable parameters equal but not BatchNorm's
+    running mean and variance (non-trainable parameters in Paddle) or other
+    buffers, which plain BatchNorm (CPU, or ``sync_bn: false``) updates from
+    each rank's own images.
+
+    Args:
+        model (paddle.nn.Layer): the model (not its DataParallel wrapper).
+        src (int, optional): the rank whose values are kept. Default: 0.
+    """
+    if world_size() == 1:
+        return
+    tensors = [p for p in model.parameters() if not p.trainable] + list(model.buffers())
+    with paddle.no_grad():
+        for tensor in tensors:
+            dist.broadcast(tensor, src=src)

@@ -5,6 +5,29 @@ whose first item is the main prediction at the input size. Results are
 mapped back to the original label size by undoing the shape changes the
 transforms recorded in ``trans_info`` (('resize', [h, w]) / ('padding', [h, w])
 entries, most recent last).
+
+Why not ``paddleseg.core.infer`` (2.8.0, which imports on Paddle 3.3.1):
+the engine does not use ``paddleseg.core`` at all (its train/evaluate fail
+on Paddle 3, see psanet/compat.py), and its inference differs where it
+matters here:
+
+* ``aug_inference`` there averages raw logits over scales and flips; here the
+  softmax of each is averaged, after the flip is undone and before the
+  resize back to the input size, so a scale with larger logits does not
+  dominate (and ``evaluate`` scores probabilities);
+* ``slide_inference`` there accumulates windows in float64 numpy and returns
+  a float64 tensor (a host copy per window, and no fp16 path); here it stays
+  a Paddle tensor of the model's dtype;
+* ``inference`` there returns ``(pred, logit)`` or ``logit`` depending on
+  ``trans_info``; here always the logits (or probabilities);
+* bad ``trans_info`` entries or ``crop_size``/``stride`` raise errors that
+  name the fix instead of a bare ``Exception`` or a ``RuntimeError`` after
+  inference.
+
+``reverse_transform`` (bilinear) and ``flip_combinations`` match paddleseg's
+``reverse_transform(mode='bilinear')`` and ``flip_combination`` on float
+logits; they stay here so that this module does not import
+``paddleseg.core`` (about 9 s, and its training code) for 30 lines.
 """
 import collections.abc
 import math

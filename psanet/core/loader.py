@@ -8,7 +8,8 @@
   thread hangs a ``num_workers=0`` DataLoader on Paddle 3.3 instead of
   reaching the training loop.
 * :class:`TrainBatchSampler` is ``DistributedBatchSampler`` (shuffle, drop
-  last) that can start an epoch at a given batch, for resuming mid-epoch.
+  last) whose order depends on the seed as well as the epoch, and that can
+  start an epoch at a given batch, for resuming mid-epoch.
 * :class:`EvalBatchSampler` gives rank r the samples r, r + world, ... and
   no padding, so summed areas count every image exactly once.
 """
@@ -125,18 +126,22 @@ class TrainBatchSampler(paddle.io.DistributedBatchSampler):
     Args:
         dataset (paddle.io.Dataset): the training dataset.
         batch_size (int): samples per rank and step.
+        seed (int, optional): mixed into every epoch's shuffle; the same on all ranks,
+            so that they split one permutation. Default: 0.
         num_replicas (int, optional): number of ranks; None: the process group's. Default: None.
         rank (int, optional): this rank; None: the process's. Default: None.
     """
 
-    def __init__(self, dataset, batch_size, num_replicas=None, rank=None):
+    def __init__(self, dataset, batch_size, seed=0, num_replicas=None, rank=None):
         super().__init__(dataset, batch_size=batch_size, num_replicas=num_replicas, rank=rank,
                          shuffle=True, drop_last=True)
+        self.seed = int(seed)
         self.start_batch = 0
 
     def set_epoch(self, epoch, start_batch=0):
-        """Shuffles with ``epoch``; skips the first ``start_batch`` batches without reading them."""
-        super().set_epoch(epoch)
+        """Shuffles with (seed, ``epoch``); skips the first ``start_batch`` batches unread."""
+        # The parent shuffles with RandomState(self.epoch): pass it a seed that mixes both.
+        super().set_epoch(int(np.random.SeedSequence([self.seed, int(epoch)]).generate_state(1)[0]))
         self.start_batch = int(start_batch)
 
     def __iter__(self):
@@ -165,7 +170,7 @@ class EvalBatchSampler(paddle.io.DistributedBatchSampler):
 def build_train_loader(dataset, batch_size, seed, num_workers=0):
     """(loader, sampler, reader) for training; set the epoch on sampler and reader per pass."""
     reader = SampleReader(dataset, seed, dataset.num_classes, dataset.ignore_index)
-    sampler = TrainBatchSampler(reader, batch_size)
+    sampler = TrainBatchSampler(reader, batch_size, seed)
     if len(sampler) == 0:
         raise ConfigError(
             f'the training set has {len(dataset)} images, fewer than batch_size {batch_size} x '

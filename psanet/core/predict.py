@@ -25,10 +25,11 @@ from psanet.core.logger import get_logger
 from psanet.core.runtime import set_device
 from psanet.core.val import merge_test_config
 
-__all__ = ['IMAGE_EXTENSIONS', 'get_image_list', 'color_map', 'save_prediction', 'predict',
-           'predict_from_config']
+__all__ = ['IMAGE_EXTENSIONS', 'PALETTES', 'get_image_list', 'palette_for', 'color_map',
+           'save_prediction', 'predict', 'predict_from_config']
 
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp')
+PALETTES = ('cityscapes', 'default')
 
 
 def _is_image(path):
@@ -82,11 +83,24 @@ def get_image_list(image_path):
     return images
 
 
+def palette_for(dataset_class):
+    """The palette of a dataset's predictions: 'cityscapes' for Cityscapes, else 'default'.
+
+    predict.py and export.py (for deploy.yaml's ``palette``) both decide with this.
+
+    Args:
+        dataset_class (type | None): the val dataset's class; None when the config has none.
+    """
+    is_cityscapes = dataset_class is not None and issubclass(dataset_class, Cityscapes)
+    return 'cityscapes' if is_cityscapes else 'default'
+
+
 def color_map(num_classes, custom_color=None, cityscapes=False):
     """A flat [r, g, b, ...] palette of 256 colours.
 
     Args:
-        num_classes (int): number of classes (only checked against custom_color).
+        num_classes (int | None): number of classes (only checked against custom_color;
+            None: not checked).
         custom_color (list, optional): r, g, b values for classes 0, 1, ... replacing the defaults.
         cityscapes (bool, optional): colour train ids 0-18 as Cityscapes does. Default: False.
     """
@@ -98,7 +112,7 @@ def color_map(num_classes, custom_color=None, cityscapes=False):
     if custom_color:
         if len(custom_color) % 3 or any(not 0 <= int(c) <= 255 for c in custom_color):
             raise ConfigError(f'--custom_color needs r g b triples of 0..255, got {custom_color}.')
-        if len(custom_color) // 3 > num_classes:
+        if num_classes is not None and len(custom_color) // 3 > num_classes:
             raise ConfigError(f'--custom_color gives {len(custom_color) // 3} colours for '
                               f'{num_classes} classes.')
         colors[:len(custom_color)] = [int(c) for c in custom_color]
@@ -224,8 +238,7 @@ def predict_from_config(config, model_path, image_path, save_dir='output/result'
                                 is_slide=is_slide, crop_size=crop_size, stride=stride)
     options['aug_pred'] = options.pop('aug_eval')
     val_class = builder.val_dataset_class if cfg.val_dataset_cfg else None
-    num_classes = getattr(model, 'num_classes', None) or getattr(val_class, 'NUM_CLASSES', 19)
-    colors = color_map(num_classes, custom_color,
-                       cityscapes=val_class is not None and issubclass(val_class, Cityscapes))
+    colors = color_map(getattr(model, 'num_classes', None), custom_color,
+                       cityscapes=palette_for(val_class) == 'cityscapes')
     return predict(model, builder.val_transforms, image_list, save_dir=save_dir, colors=colors,
                    logger=logger, **options)

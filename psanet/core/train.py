@@ -4,9 +4,13 @@ What it adds to paddleseg 2.8.0's ``core.train`` (which fails on Paddle 3):
 
 * the logged loss (every term and the total) is the mean over all ranks,
   not rank 0's;
-* every epoch reshuffles (``DistributedBatchSampler.set_epoch``), and
-  augmentation is seeded per (seed, epoch, sample), Dropout per iteration,
-  so ``--resume_model`` continues with the losses an uninterrupted run has;
+* every epoch reshuffles (``DistributedBatchSampler.set_epoch``, mixed
+  with the seed), augmentation is seeded per (seed, epoch, sample) and
+  Dropout per (seed, iteration, rank), so ``--resume_model`` continues with
+  the losses an uninterrupted run has; all ranks use rank 0's seed;
+* at each checkpoint the BatchNorm statistics (per process on CPU) are
+  copied from rank 0 before evaluating and saving, so the evaluated and
+  the saved model are rank 0's;
 * checkpoints are written atomically, with a ``train_state.json``;
 * a NaN or Inf loss stops training with an error naming the iteration and
   the last good checkpoint;
@@ -57,9 +61,13 @@ def loss_terms(logits, label, losses):
     return terms
 
 
-def iteration_seed(seed, iteration):
-    """Paddle's seed for one iteration, so Dropout does not depend on where a run was resumed."""
-    return int(np.random.SeedSequence([int(seed), int(iteration)]).generate_state(1)[0])
+def iteration_seed(seed, iteration, rank=0):
+    """Paddle's seed for one iteration on one rank.
+
+    Dropout then does not depend on where a run was resumed, and ranks draw
+    different masks for their different images.
+    """
+    return int(np.random.SeedSequence([int(seed), int(iteration), int(rank)]).generate_state(1)[0])
 
 
 def _format_eta(seconds):
@@ -144,7 +152,8 @@ def train(model, train_dataset, optimizer, losses, iters, batch_size, val_datase
     Returns:
         dict: ``losses`` (the global mean total loss of every iteration run here),
         ``loss_terms`` (per term), ``local_losses`` (this rank's totals), ``start_iter``,
-        ``last_checkpoint``, ``best_miou``, ``best_iter`` and ``evals`` ([(iteration, result)]).
+        ``last_checkpoint``, ``best_miou``, ``best_iter``, ``evals`` ([(iteration, result)])
+        and ``seed`` (the one used, as saved in the checkpoints).
     """
     main = dist.is_main_process()
     world_size = dist.world_size()
@@ -188,7 +197,9 @@ def train(model, train_dataset, optimizer, losses, iters, batch_size, val_datase
                                'differs from an uninterrupted run.')
         logger.info(f'Resumed from {resume_model} at iteration {start_iter}.')
     if seed is None:
-        seed = int(np.random.SeedSequence().generate_state(1)[0])
+        # Drawn on rank 0 only and summed with zeros: every rank uses the seed that is saved.
+        drawn = int(np.random.SeedSequence().generate_state(1)[0]) if main else 0
+        seed = int(dist.all_reduce_sum([drawn])[0])
     logger.info(f'Seed: {seed}')
 
     model = _batchnorm_setup(model, sync_bn, world_size, logger)
@@ -233,7 +244,7 @@ def train(model, train_dataset, optimizer, losses, iters, batch_size, val_datase
             reader_cost = time.time() - batch_start
             raise_if_error(data)
             iteration += 1
-            paddle.seed(iteration_seed(seed, iteration))
+            paddle.seed(iteration_seed(seed, iteration, dist.rank()))
             images, labels = data['img'], data['label']
             with autocast(precision, amp_level):
                 logits = runner(images)
@@ -290,6 +301,9 @@ def train(model, train_dataset, optimizer, losses, iters, batch_size, val_datase
                 averager.reset()
 
             if iteration % save_interval == 0 or iteration == iters:
+                # Plain BatchNorm statistics differ per process: evaluate and save rank 0's,
+                # and let every rank continue from them, as a resumed run does.
+                dist.broadcast_buffers(model)
                 result = None
                 if val_dataset is not None:
                     result = evaluate(model, val_dataset, num_workers=num_workers, losses=losses,
@@ -338,7 +352,7 @@ def train(model, train_dataset, optimizer, losses, iters, batch_size, val_datase
     return {'losses': history, 'loss_terms': history_terms, 'local_losses': local_history,
             'start_iter': start_iter,
             'last_checkpoint': last_checkpoint, 'best_miou': best_miou, 'best_iter': best_iter,
-            'evals': evals}
+            'evals': evals, 'seed': seed}
 
 
 def train_from_config(config, device=None, save_dir='output', iters=None, batch_size=None,

@@ -26,11 +26,13 @@ from psanet.core.logger import get_logger
 from psanet.core.metrics import class_areas, summarize
 from psanet.core.runtime import autocast, set_device
 from psanet.data.prepare_cityscapes import train_ids_to_label_ids
+from psanet.data.validate import IMAGE_SUFFIX
 
 __all__ = ['evaluate', 'evaluate_from_config', 'merge_test_config', 'prediction_file_name',
            'format_report']
 
-IMAGE_SUFFIX = '_leftImg8bit'
+# The Cityscapes image name without its extension, e.g. '_leftImg8bit'.
+IMAGE_STEM_SUFFIX = os.path.splitext(IMAGE_SUFFIX)[0]
 
 
 def prediction_file_name(image_path, dataset):
@@ -50,8 +52,8 @@ def prediction_file_name(image_path, dataset):
         relative = os.path.basename(image_path)
     stem = os.path.splitext(relative)[0]
     if isinstance(dataset, Cityscapes):
-        if stem.endswith(IMAGE_SUFFIX):
-            stem = stem[:-len(IMAGE_SUFFIX)]
+        if stem.endswith(IMAGE_STEM_SUFFIX):
+            stem = stem[:-len(IMAGE_STEM_SUFFIX)]
         return stem + '_labelIds.png'
     return stem + '.png'
 

@@ -109,6 +109,16 @@ class DeployConfig:
         return self.dic.get('num_classes')
 
     @property
+    def palette(self):
+        """'cityscapes' or 'default', as export.py decided from the config's val dataset."""
+        from psanet.core.predict import PALETTES
+        palette = self.dic.get('palette', 'default')
+        if palette not in PALETTES:
+            raise DeployError(f'{self.path}: Deploy.palette is {palette!r}; it must be one of '
+                              f'{PALETTES}. Fix it or export the model again.')
+        return palette
+
+    @property
     def holds_custom_op(self):
         if not hasattr(self, '_holds_custom_op'):
             self._holds_custom_op = graph_holds_custom_op(self.model)

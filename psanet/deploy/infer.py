@@ -58,8 +58,7 @@ def infer(config, image_path, save_dir='./output', batch_size=1, device='cpu', u
                           print_detail=print_detail)
     logger.info(f'Inferring {len(images)} images with {deploy.model} on {device} '
                 f'(batch size {batch_size}, oneDNN {"on" if enable_mkldnn else "off"}) ...')
-    num_classes = deploy.num_classes or 19
-    colors = color_map(num_classes, cityscapes=num_classes == 19)
+    colors = color_map(deploy.num_classes, cityscapes=deploy.palette == 'cityscapes')
     if benchmark:
         first = [path for path, _ in images[:batch_size]]
         for _ in range(WARMUP_RUNS):
