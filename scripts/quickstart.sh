@@ -19,7 +19,7 @@ python tools/make_mini_cityscapes.py --out "$DATA" --num_train 40 --num_val 10 -
 
 step "2/6 train ($CONFIG)"
 python train.py --config "$CONFIG" --device cpu --save_dir "$OUT/train" --do_eval \
-    --save_interval 50 --log_iters 10 --seed 0 --keep_checkpoint_max 1
+    --save_interval 100 --log_iters 10 --seed 0 --keep_checkpoint_max 1
 
 MODEL=$OUT/train/best_model/model.pdparams
 step "3/6 evaluate with --aug_eval --flip_horizontal"
