@@ -1,0 +1,49 @@
+"""`pip install --no-build-isolation .` builds the op ahead of time into the package,
+and the installed package uses that library (no JIT build, no source checkout)."""
+import glob
+import os
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+CHECK = r'''
+import numpy as np, paddle, sys
+import psanet.ops as ops
+from psanet.ops import load_library, psa_mask
+path = load_library()
+assert path.startswith(sys.argv[1]), path
+x = paddle.randn([2, 15, 4, 6])
+for psa_type in ('collect', 'distribute'):
+    custom = psa_mask(x, psa_type, (3, 5)).numpy()
+    pure = psa_mask(x, psa_type, (3, 5), impl='paddle').numpy()
+    assert np.array_equal(custom, pure), psa_type
+print('installed op:', path)
+'''
+
+
+@pytest.mark.skipif(not any(os.access(os.path.join(d, 'c++'), os.X_OK)
+                            for d in os.environ.get('PATH', '').split(os.pathsep)),
+                    reason='no C++ compiler on PATH')
+def test_wheel_carries_the_op_and_the_installed_package_uses_it(tmp_path):
+    wheels = tmp_path / 'wheels'
+    subprocess.run([sys.executable, '-m', 'pip', 'wheel', '--no-build-isolation', '--no-deps',
+                    '-q', '-w', str(wheels), ROOT], check=True, cwd=tmp_path)
+    wheel, = glob.glob(str(wheels / 'psanet-*.whl'))
+    names = zipfile.ZipFile(wheel).namelist()
+    assert 'psanet/ops/psa_mask_op.so' in names
+    assert 'psanet/models/psanet.py' in names
+
+    site = tmp_path / 'site'
+    subprocess.run([sys.executable, '-m', 'pip', 'install', '--no-deps', '-q', '--target',
+                    str(site), wheel], check=True, cwd=tmp_path)
+    env = dict(os.environ, PYTHONPATH=str(site), PSANET_OPS_CACHE=str(tmp_path / 'no-cache'))
+    env.pop('PSANET_OPS_FORCE_JIT', None)
+    result = subprocess.run([sys.executable, '-c', CHECK, str(site)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert 'building the psa_mask op' not in result.stderr
+    assert not (tmp_path / 'no-cache').exists()
