@@ -4,6 +4,7 @@ The toy dataset paints each image in bands of a few flat colours, one colour
 per class, with a ring of ignore (255) pixels, so a two-layer network learns
 it in a few dozen iterations on a CPU.
 """
+import glob
 import os
 
 import cv2
@@ -11,12 +12,28 @@ import numpy as np
 import paddle.nn as nn
 import paddle.nn.functional as F
 import yaml
-from paddleseg.cvlibs import manager
+import paddle
+from paddleseg.cvlibs import Config, SegBuilder, manager
 from paddleseg.models import layers
 
 import psanet  # noqa: F401  (compat fixes, PSANet registration)
 
 # BGR colours of the toy classes (and of class ids beyond, for bad-label tests).
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MINI_CONFIG, = glob.glob(os.path.join(ROOT, 'configs', 'psanet', '*mini*.yml'))
+
+
+def build_config_model(path=MINI_CONFIG, seed=None):
+    """(cfg, model) built from a YAML through paddleseg's Config/SegBuilder, without
+    pretrained weights (no network in tests); ``seed`` fixes the initial weights."""
+    cfg = Config(path)
+    cfg.dic['model']['pretrained'] = None
+    cfg.dic['model']['backbone']['pretrained'] = None
+    if seed is not None:
+        paddle.seed(seed)
+    return cfg, SegBuilder(cfg).model
+
+
 TOY_COLORS = np.array([[40, 40, 200], [40, 200, 40], [200, 40, 40], [200, 200, 40]], np.uint8)
 
 

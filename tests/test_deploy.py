@@ -1,7 +1,6 @@
 """Deployment: deploy/python/infer.py end to end against the dygraph model, its failures
 (missing model, missing op library, bad flags), the pure-Paddle export with no op
 library in the process, undoing resize transforms, and the timing table."""
-import glob
 import importlib.util
 import os
 import subprocess
@@ -15,25 +14,19 @@ import pytest
 import yaml
 from cityscapesscripts.helpers.labels import trainId2label
 from PIL import Image
-from paddleseg.cvlibs import Config, SegBuilder
 
 import psanet  # noqa: F401  (registers PSANet)
 from psanet.deploy import DeployConfig, DeployError, PaddleRunner, StageTimer, preprocess
+from engine_helpers import ROOT, build_config_model
 from psanet.export import export_model
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CITYSCAPES_COLORS = np.array([trainId2label[i].color for i in range(19)])
-MINI_CONFIG, = glob.glob(os.path.join(ROOT, 'configs', 'psanet', '*mini*.yml'))
 INFER = os.path.join(ROOT, 'deploy', 'python', 'infer.py')
 IMAGE_SIZE = (96, 64)  # width, height
 
 
 def build_mini_model():
-    cfg = Config(MINI_CONFIG)
-    cfg.dic['model']['pretrained'] = None
-    cfg.dic['model']['backbone']['pretrained'] = None
-    paddle.seed(1)
-    model = SegBuilder(cfg).model
+    cfg, model = build_config_model(seed=1)
     model.eval()
     return model
 

@@ -1,7 +1,6 @@
 """Export: one dynamic export agrees with the dygraph model in paddle.jit.load, the
 inference predictor (oneDNN off and on) and onnxruntime at two input sizes; fixed
 shapes, output ops, which graphs hold the custom op, and bad arguments."""
-import glob
 import os
 import subprocess
 import sys
@@ -10,26 +9,20 @@ import numpy as np
 import paddle
 import pytest
 import yaml
-from paddleseg.cvlibs import Config, SegBuilder
 
 import psanet  # noqa: F401  (registers PSANet)
 from psanet.deploy import DeployConfig, DeployError, OnnxRunner, PaddleRunner
 from psanet.deploy.config import graph_holds_custom_op
+from engine_helpers import MINI_CONFIG, ROOT, build_config_model
 from psanet.export import export_model, parse_input_shape
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MINI_CONFIG, = glob.glob(os.path.join(ROOT, 'configs', 'psanet', '*mini*.yml'))
 TOL = 1e-4
 # Two sizes for one dynamic export; neither is the training crop, and batch 2 on one.
 SHAPES = [(1, 3, 64, 128), (2, 3, 80, 96)]
 
 
 def build_mini_model():
-    cfg = Config(MINI_CONFIG)
-    cfg.dic['model']['pretrained'] = None
-    cfg.dic['model']['backbone']['pretrained'] = None
-    paddle.seed(0)
-    model = SegBuilder(cfg).model
+    cfg, model = build_config_model(seed=0)
     model.eval()
     return cfg, model
 
@@ -106,7 +99,7 @@ def test_deploy_yaml_names_what_was_exported(exported):
         assert deploy['psa_impl'] == impl
         assert deploy['output_op'] == 'none'
         assert deploy['input_shape'] == [-1, 3, -1, -1]
-        assert deploy['transforms'] == Config(MINI_CONFIG).dic['val_dataset']['transforms']
+        assert deploy['transforms'] == build_config_model()[0].dic['val_dataset']['transforms']
         for key in ('model', 'params') + (('onnx',) if impl == 'paddle' else ()):
             assert os.path.isfile(os.path.join(dirs[impl], deploy[key])), key
     assert 'onnx' not in yaml.safe_load(open(os.path.join(dirs['custom'], 'deploy.yaml')))[
@@ -197,8 +190,7 @@ def test_compare_with_dygraph_tells_a_different_model_apart(exported, tmp_path):
     same = compare_with_dygraph(model, dirs['custom'], [image], enable_mkldnn=True)
     # oneDNN's convolutions round differently: ~1e-4 on logits of ~20 here.
     assert same['pixel_agreement'] == 1.0 and same['max_abs_diff'] < 10 * TOL
-    paddle.seed(7)
-    other = SegBuilder(Config(MINI_CONFIG)).model
+    _, other = build_config_model(seed=7)
     different = compare_with_dygraph(other, dirs['paddle'], [image], backend='onnxruntime')
     assert different['pixel_agreement'] < 0.99 and different['max_abs_diff'] > 1.0
 

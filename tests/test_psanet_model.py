@@ -6,11 +6,12 @@ import os
 import numpy as np
 import paddle
 import pytest
-from paddleseg.cvlibs import Config, SegBuilder
+from paddleseg.cvlibs import Config
 
 import psanet  # noqa: F401  (registers PSANet)
 from psanet.models import PSANet
 from psanet.models.psanet import PSABranch
+from engine_helpers import build_config_model
 from test_psa_mask import reference_forward
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -20,15 +21,6 @@ CONFIGS = sorted(glob.glob(os.path.join(ROOT, 'configs', 'psanet', '*.yml')))
 def small_backbone():
     from paddleseg.models.backbones import ResNet18_vd
     return ResNet18_vd(output_stride=8)
-
-
-def build_from_yaml(path):
-    cfg = Config(path)
-    model_cfg = cfg.dic['model']
-    # No network here: drop the pretrained weights (their loading is paddleseg's).
-    model_cfg['pretrained'] = None
-    model_cfg['backbone']['pretrained'] = None
-    return cfg, SegBuilder(cfg).model
 
 
 def branch_reference(x_reduced, dense, scale, softmax):
@@ -44,7 +36,7 @@ def branch_reference(x_reduced, dense, scale, softmax):
 
 @pytest.mark.parametrize('path', CONFIGS, ids=[os.path.basename(p) for p in CONFIGS])
 def test_builds_from_yaml_with_train_and_eval_shapes(path):
-    cfg, model = build_from_yaml(path)
+    cfg, model = build_config_model(path)
     assert isinstance(model, PSANet)
     assert len(cfg.dic['loss']['types']) == 2  # main + auxiliary
     x = paddle.randn([1, 3, 64, 64])
