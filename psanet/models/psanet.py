@@ -171,9 +171,10 @@ class PSABranch(nn.Layer):
     """One direction of point-wise spatial attention (collect or distribute).
 
     Reduces the feature, shrinks it to ((H-1)//s+1, (W-1)//s+1), predicts a
-    mask_h x mask_w attention window per position, spreads it to a dense [H*W, H*W] map with the PSA mask op (or reads it directly
-    when compact), optionally softmaxes it over the H*W axis, and aggregates the
-    reduced feature with it.
+    mask_h x mask_w attention window per position, spreads it to a dense
+    [H*W, H*W] map with the PSA mask op (or reads it directly when compact),
+    optionally softmaxes it over the H*W axis, and aggregates the reduced
+    feature with it.
 
     Args:
         in_channels (int): Channels of the input feature.
