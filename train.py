@@ -39,6 +39,10 @@ def parse_args(argv=None):
                         help='Evaluate every save_interval and keep best_model/.')
     parser.add_argument('--use_vdl', action='store_true', help='Write VisualDL scalars.')
     parser.add_argument('--resume_model', default=None, help='An iter_N folder to continue from.')
+    parser.add_argument('--overwrite', action='store_true',
+                        help='Delete the checkpoints (iter_N, best_model) another run left in '
+                        '--save_dir, or those after --resume_model, and start over; without it '
+                        'such a --save_dir is refused.')
     parser.add_argument('--seed', type=int, default=None, help='Random seed.')
     parser.add_argument('--precision', choices=['fp32', 'fp16'], default='fp32',
                         help='fp16: autocast + GradScaler (GPU only).')

@@ -26,9 +26,9 @@ import paddle
 from psanet.core.errors import CheckpointError
 
 __all__ = ['MODEL_FILE', 'OPTIMIZER_FILE', 'STATE_FILE', 'save_checkpoint', 'list_checkpoints',
-           'prune_checkpoints', 'remove_stale_temporaries', 'load_checkpoint',
-           'resolve_weights_path', 'load_model_weights', 'parameter_names',
-           'rename_optimizer_state']
+           'checkpoint_iteration', 'prune_checkpoints', 'delete_checkpoints',
+           'remove_stale_temporaries', 'load_checkpoint', 'resolve_weights_path',
+           'check_state_fits', 'load_model_weights', 'parameter_names', 'rename_optimizer_state']
 
 MODEL_FILE = 'model.pdparams'
 OPTIMIZER_FILE = 'model.pdopt'
@@ -126,6 +126,20 @@ def list_checkpoints(save_dir):
     return sorted(found)
 
 
+def checkpoint_iteration(path):
+    """The iteration a checkpoint folder was saved at (train_state.json, else its iter_N name).
+
+    Returns:
+        int | None: None when neither tells.
+    """
+    try:
+        with open(os.path.join(path, STATE_FILE)) as f:
+            return int(json.load(f)['iteration'])
+    except (OSError, ValueError, KeyError, TypeError):
+        match = _ITER_DIR.match(os.path.basename(os.path.normpath(path)))
+        return int(match.group(1)) if match else None
+
+
 def prune_checkpoints(save_dir, keep_checkpoint_max):
     """Deletes the oldest ``iter_N`` folders beyond ``keep_checkpoint_max`` (<= 0 keeps all).
 
@@ -136,9 +150,26 @@ def prune_checkpoints(save_dir, keep_checkpoint_max):
         return []
     checkpoints = list_checkpoints(save_dir)
     removed = [path for _, path in checkpoints[:-keep_checkpoint_max]]
-    for path in removed:
-        shutil.rmtree(path, ignore_errors=True)
+    delete_checkpoints(removed)
     return removed
+
+
+def delete_checkpoints(paths):
+    """Deletes checkpoint folders of one save_dir, each at once or not at all.
+
+    Each folder is first renamed into one hidden temporary folder, so a process
+    killed while deleting leaves no half-deleted ``iter_N`` (one with model.pdparams
+    but without model.pdopt would still be listed); the next run's
+    :func:`remove_stale_temporaries` deletes what is left.
+    """
+    if not paths:
+        return
+    parent = os.path.dirname(os.path.normpath(paths[0])) or '.'
+    trash = tempfile.mkdtemp(prefix='.deleted' + _TEMP_MARK, dir=parent)
+    for i, path in enumerate(paths):
+        os.replace(path, os.path.join(trash, f'{i}_{os.path.basename(os.path.normpath(path))}'))
+    _fsync(parent)
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def remove_stale_temporaries(save_dir):
@@ -291,6 +322,25 @@ def _mismatch_report(expected, loaded):
     return '; '.join(parts)
 
 
+def check_state_fits(model, loaded, source, fix):
+    """Raises unless ``loaded`` has exactly the keys and shapes of ``model.state_dict()``.
+
+    Args:
+        model (paddle.nn.Layer): the model built from the config.
+        loaded (dict): a state_dict read from a file.
+        source (str): what was read, for the message, e.g. ``weights out/model.pdparams``.
+        fix (str): the last sentence of the message.
+
+    Raises:
+        CheckpointError: naming the mismatching tensors (shape mismatches first, with
+            both shapes), the missing and the unexpected ones.
+    """
+    report = _mismatch_report(model.state_dict(), loaded)
+    if report:
+        raise CheckpointError(f'{source} do not fit {type(model).__name__} built from the config: '
+                              f'{report}. {fix}')
+
+
 def load_model_weights(model, model_path):
     """Loads weights into ``model``, refusing any file that does not fit it exactly.
 
@@ -310,11 +360,7 @@ def load_model_weights(model, model_path):
     if not isinstance(loaded, dict):
         raise CheckpointError(f'weights {path} hold a {type(loaded).__name__}, not a state_dict: '
                               'pass a model.pdparams written by train.py.')
-    expected = model.state_dict()
-    report = _mismatch_report(expected, loaded)
-    if report:
-        raise CheckpointError(
-            f'weights {path} do not fit {type(model).__name__} built from the config: {report}. '
-            'Pass the config the weights were trained with (same model, backbone and num_classes).')
+    check_state_fits(model, loaded, f'weights {path}', 'Pass the config the weights were trained '
+                     'with (same model, backbone and num_classes).')
     model.set_state_dict(loaded)
     return path

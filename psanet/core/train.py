@@ -12,6 +12,10 @@ What it adds to paddleseg 2.8.0's ``core.train`` (which fails on Paddle 3):
   copied from rank 0 before evaluating and saving, so the evaluated and
   the saved model are rank 0's;
 * checkpoints are written atomically, with a ``train_state.json``;
+* a save_dir holds one run: another run's checkpoints there are refused (or
+  deleted with ``overwrite``), a second run at once is refused by a lock, and
+  Ctrl-C or SIGTERM ends with the checkpoint to resume from
+  (:mod:`psanet.core.run_dir`); resuming checks the checkpoint fits the model;
 * a NaN or Inf loss stops training with an error naming the iteration and
   the last good checkpoint;
 * SyncBatchNorm only on more than one GPU (``sync_bn: false`` in the config
@@ -24,7 +28,7 @@ import numpy as np
 import paddle
 
 from psanet.core import checkpoint as ckpt
-from psanet.core import dist
+from psanet.core import dist, run_dir
 from psanet.core.config import ComponentBuilder, load_config
 from psanet.core.errors import ConfigError, TrainingError
 from psanet.core.loader import build_train_loader, raise_if_error
@@ -75,6 +79,35 @@ def _format_eta(seconds):
     return f'{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}'
 
 
+_RESUME_ANOTHER_MODEL = ('Resume with the config the checkpoint was trained with (same model, '
+                         'backbone, num_classes and mask size), or train this config into a new '
+                         '--save_dir.')
+
+
+def _resume_changes(state, batch_size, world_size, iters_per_epoch, num_images):
+    """What differs from the run that saved ``state``, each by its cause (empty: nothing).
+
+    Another batch_size or process count changes the iterations per epoch by
+    itself; only a change they do not explain means the training set changed.
+    """
+    changes = []
+    saved_batch = (state.get('batch_size', batch_size), state.get('world_size', world_size))
+    saved_epoch = state.get('iters_per_epoch', iters_per_epoch)
+    if saved_batch != (batch_size, world_size):
+        changes.append(f'with batch_size {batch_size} x {world_size} process(es) instead of '
+                       f'{saved_batch[0]} x {saved_batch[1]}'
+                       + (f' ({iters_per_epoch} iterations per epoch instead of {saved_epoch})'
+                          if saved_epoch != iters_per_epoch else ''))
+    if state.get('num_images', num_images) != num_images:
+        changes.append(f'with {num_images} training images instead of {state["num_images"]} (the '
+                       'training set changed since it was saved)')
+    elif 'num_images' not in state and saved_batch == (batch_size, world_size) \
+            and saved_epoch != iters_per_epoch:
+        changes.append(f'with {iters_per_epoch} iterations per epoch instead of {saved_epoch} at '
+                       'the same batch_size (the training set changed since it was saved)')
+    return changes
+
+
 def _batchnorm_setup(model, sync_bn, world_size, logger):
     if world_size == 1:
         logger.info('BatchNorm: plain BatchNorm (one process).')
@@ -119,7 +152,7 @@ class _Averager:
 def train(model, train_dataset, optimizer, losses, iters, batch_size, val_dataset=None,
           save_dir='output', save_interval=1000, log_iters=10, keep_checkpoint_max=5,
           num_workers=0, use_vdl=False, resume_model=None, seed=None, precision='fp32',
-          amp_level='O1', test_config=None, sync_bn=True, logger=None):
+          amp_level='O1', test_config=None, sync_bn=True, overwrite=False, logger=None):
     """Trains ``model`` for ``iters`` iterations.
 
     Args:
@@ -146,6 +179,8 @@ def train(model, train_dataset, optimizer, losses, iters, batch_size, val_datase
         amp_level (str, optional): 'O1' or 'O2'. Default: 'O1'.
         test_config (dict, optional): inference options for the evaluations. Default: None.
         sync_bn (bool, optional): SyncBatchNorm when training on more than one GPU. Default: True.
+        overwrite (bool, optional): delete the checkpoints of another run in save_dir (or,
+            resuming, those after resume_model) instead of refusing it. Default: False.
         logger (logging.Logger, optional): Default: the 'psanet' logger, also writing
             <save_dir>/train.log.
 
@@ -154,12 +189,27 @@ def train(model, train_dataset, optimizer, losses, iters, batch_size, val_datase
         ``loss_terms`` (per term), ``local_losses`` (this rank's totals), ``start_iter``,
         ``last_checkpoint``, ``best_miou``, ``best_iter``, ``evals`` ([(iteration, result)])
         and ``seed`` (the one used, as saved in the checkpoints).
+
+    Raises:
+        ConfigError: when save_dir holds another run's checkpoints or another process
+            trains in it.
+        CheckpointError: when resume_model does not fit the model.
+        Interrupted: on Ctrl-C, or SIGTERM within ``errors.sigterm_raises`` (as under
+            ``run_cli``), naming the checkpoint to resume from.
     """
+    with run_dir.own_save_dir(save_dir, resume_model, overwrite, logger):
+        return _train(model, train_dataset, optimizer, losses, iters, batch_size, val_dataset,
+                      save_dir, save_interval, log_iters, keep_checkpoint_max, num_workers,
+                      use_vdl, resume_model, seed, precision, amp_level, test_config, sync_bn,
+                      logger)
+
+
+def _train(model, train_dataset, optimizer, losses, iters, batch_size, val_dataset, save_dir,
+           save_interval, log_iters, keep_checkpoint_max, num_workers, use_vdl, resume_model,
+           seed, precision, amp_level, test_config, sync_bn, logger):
+    """:func:`train` in a save_dir that this run owns."""
     main = dist.is_main_process()
     world_size = dist.world_size()
-    if main:
-        os.makedirs(save_dir, exist_ok=True)
-        ckpt.remove_stale_temporaries(save_dir)
     logger = logger or get_logger(os.path.join(save_dir, 'train.log'))
     for name, value in (('iters', iters), ('batch_size', batch_size),
                         ('save_interval', save_interval), ('log_iters', log_iters)):
@@ -172,6 +222,8 @@ def train(model, train_dataset, optimizer, losses, iters, batch_size, val_datase
     state = {}
     if resume_model is not None:
         model_state, optimizer_state, state = ckpt.load_checkpoint(resume_model)
+        ckpt.check_state_fits(model, model_state, f'the weights of --resume_model {resume_model}',
+                              _RESUME_ANOTHER_MODEL)
         model.set_state_dict(model_state)
         if 'parameter_names' in state:
             optimizer_state = ckpt.rename_optimizer_state(optimizer_state,
@@ -191,10 +243,6 @@ def train(model, train_dataset, optimizer, losses, iters, batch_size, val_datase
                 logger.warning(f'--seed {seed} ignored: resuming with the checkpoint\'s seed '
                                f'{state["seed"]}.')
             seed = int(state['seed'])
-        for key, now in (('batch_size', batch_size), ('world_size', world_size)):
-            if key in state and state[key] != now:
-                logger.warning(f'resuming with {key} {now} instead of {state[key]}: the data order '
-                               'differs from an uninterrupted run.')
         logger.info(f'Resumed from {resume_model} at iteration {start_iter}.')
     if seed is None:
         # Drawn on rank 0 only and summed with zeros: every rank uses the seed that is saved.
@@ -219,9 +267,10 @@ def train(model, train_dataset, optimizer, losses, iters, batch_size, val_datase
 
     loader, sampler, reader = build_train_loader(train_dataset, batch_size, seed, num_workers)
     iters_per_epoch = len(sampler)
-    if state.get('iters_per_epoch', iters_per_epoch) != iters_per_epoch:
-        logger.warning(f'the checkpoint had {state["iters_per_epoch"]} iterations per epoch, now '
-                       f'{iters_per_epoch}: the training set changed since it was saved.')
+    for change in _resume_changes(state, batch_size, world_size, iters_per_epoch,
+                                  len(train_dataset)):
+        logger.warning(f'resuming from {resume_model} {change}: the data order differs from an '
+                       'uninterrupted run.')
     writer = None
     if use_vdl and main:
         from visualdl import LogWriter
@@ -327,7 +376,8 @@ def train(model, train_dataset, optimizer, losses, iters, batch_size, val_datase
                 checkpoint_state = {
                     'iteration': iteration, 'epoch': iteration // iters_per_epoch,
                     'iters_per_epoch': iters_per_epoch, 'seed': seed, 'batch_size': batch_size,
-                    'world_size': world_size, 'best_miou': best_miou, 'best_iter': best_iter,
+                    'world_size': world_size, 'num_images': len(train_dataset),
+                    'best_miou': best_miou, 'best_iter': best_iter,
                     'lr_scheduler': scheduler.state_dict() if scheduler is not None else None,
                     'parameter_names': ckpt.parameter_names(model),
                 }
@@ -358,37 +408,39 @@ def train(model, train_dataset, optimizer, losses, iters, batch_size, val_datase
 def train_from_config(config, device=None, save_dir='output', iters=None, batch_size=None,
                       learning_rate=None, save_interval=1000, log_iters=10, keep_checkpoint_max=5,
                       num_workers=0, do_eval=False, use_vdl=False, resume_model=None, seed=None,
-                      precision='fp32', amp_level='O1', opts=None):
+                      precision='fp32', amp_level='O1', overwrite=False, opts=None):
     """train.py: builds everything from ``config`` and calls :func:`train`.
 
-    The flags are PaddleSeg's train.py flags; ``iters``, ``batch_size`` and
-    ``learning_rate`` override the config when given.
+    The flags are PaddleSeg's train.py flags, and ``overwrite``; ``iters``,
+    ``batch_size`` and ``learning_rate`` override the config when given.
 
     Returns:
         dict: the result of :func:`train`.
     """
     set_device(device)
     dist.init_parallel()
-    if dist.is_main_process():
-        os.makedirs(save_dir, exist_ok=True)
-    logger = get_logger(os.path.join(save_dir, 'train.log'))
     cfg = load_config(config, learning_rate=learning_rate, batch_size=batch_size, iters=iters,
                       opts=opts)
-    logger.info(f'Config {config}; Paddle {paddle.__version__}, device {paddle.get_device()}, '
-                f'{dist.world_size()} process(es).')
-    if seed is not None:
-        paddle.seed(seed)
-        np.random.seed(seed % 2**32)
-    builder = ComponentBuilder(cfg)
-    train_dataset = builder.dataset('train')
-    val_dataset = builder.dataset('val') if do_eval else None
-    model = builder.model
-    losses = builder.losses
-    optimizer = builder.optimizer
-    return train(model, train_dataset, optimizer, losses, iters=cfg.iters,
-                 batch_size=cfg.batch_size, val_dataset=val_dataset, save_dir=save_dir,
-                 save_interval=save_interval, log_iters=log_iters,
-                 keep_checkpoint_max=keep_checkpoint_max, num_workers=num_workers,
-                 use_vdl=use_vdl, resume_model=resume_model, seed=seed, precision=precision,
-                 amp_level=amp_level, test_config=builder.test_config,
-                 sync_bn=bool(cfg.dic.get('sync_bn', True)), logger=logger)
+    # Owned before train.log is opened: a refused run writes nothing into the folder.
+    with run_dir.own_save_dir(save_dir, resume_model, overwrite, get_logger()):
+        if seed is not None:
+            paddle.seed(seed)
+            np.random.seed(seed % 2**32)
+        builder = ComponentBuilder(cfg)
+        train_dataset = builder.dataset('train')
+        val_dataset = builder.dataset('val') if do_eval else None
+        model = builder.model
+        losses = builder.losses
+        optimizer = builder.optimizer
+        # Opened after the builder, whose dataset checks log through get_logger(), which
+        # reconfigures the logger without a file.
+        logger = get_logger(os.path.join(save_dir, 'train.log'))
+        logger.info(f'Config {config}; Paddle {paddle.__version__}, device '
+                    f'{paddle.get_device()}, {dist.world_size()} process(es).')
+        return train(model, train_dataset, optimizer, losses, iters=cfg.iters,
+                     batch_size=cfg.batch_size, val_dataset=val_dataset, save_dir=save_dir,
+                     save_interval=save_interval, log_iters=log_iters,
+                     keep_checkpoint_max=keep_checkpoint_max, num_workers=num_workers,
+                     use_vdl=use_vdl, resume_model=resume_model, seed=seed, precision=precision,
+                     amp_level=amp_level, test_config=builder.test_config,
+                     sync_bn=bool(cfg.dic.get('sync_bn', True)), logger=logger)

@@ -1,0 +1,201 @@
+"""A save_dir belongs to one training run: who may write there, a lock while it does, and its end.
+
+:func:`own_save_dir` wraps a training run:
+
+* it refuses a save_dir that holds another run's checkpoints (``iter_N``,
+  ``best_model``), which a new run would partly overwrite, partly keep, and
+  prune by iteration number across both runs. Resuming from the latest
+  checkpoint of the folder continues its run; ``overwrite`` deletes the
+  checkpoints in the way, after saying so;
+* it locks the folder (``flock`` on ``.train.lock``, which names the holder)
+  while the run writes, so that a second run started at once stops, naming the
+  first one's pid;
+* when the run ends, however it ends, it deletes the hidden temporaries of an
+  interrupted save; Ctrl-C and SIGTERM become one
+  :class:`~psanet.core.errors.Interrupted` line naming the checkpoint to resume from.
+
+Only rank 0 writes, so only rank 0 checks and locks; the other ranks learn the
+outcome from one all-reduce, so that all stop together.
+"""
+import contextlib
+import errno
+import fcntl
+import os
+import signal
+import socket
+import time
+
+from psanet.core import checkpoint as ckpt
+from psanet.core import dist
+from psanet.core.errors import ConfigError, Interrupted
+from psanet.core.logger import get_logger
+
+__all__ = ['LOCK_FILE', 'BEST_MODEL', 'own_save_dir']
+
+LOCK_FILE = '.train.lock'
+BEST_MODEL = 'best_model'
+# The save_dirs this process owns: train_from_config takes the folder, then train() runs in it.
+_OWNED = set()
+
+
+@contextlib.contextmanager
+def own_save_dir(save_dir, resume_model=None, overwrite=False, logger=None):
+    """Makes ``save_dir`` this run's for the duration of the block.
+
+    Args:
+        save_dir (str): the run's folder; created when missing.
+        resume_model (str, optional): the checkpoint the run continues from. Default: None.
+        overwrite (bool, optional): delete another run's checkpoints (or, resuming, those
+            after ``resume_model``) instead of refusing the folder. Default: False.
+        logger (logging.Logger, optional): says what ``overwrite`` deletes. Default: the
+            'psanet' logger on stdout.
+
+    Raises:
+        ConfigError: on every rank, when the folder holds another run's checkpoints or
+            another process trains in it.
+        Interrupted: for Ctrl-C or SIGTERM within the block, naming the checkpoint to
+            resume from.
+    """
+    key = os.path.realpath(save_dir)
+    if key in _OWNED:
+        yield
+        return
+    lock, error = None, None
+    if dist.is_main_process():
+        try:
+            lock = _SaveDirLock(save_dir, logger)
+            ckpt.remove_stale_temporaries(save_dir)
+            _refuse_or_clear(save_dir, resume_model, overwrite, logger)
+        except Exception as caught:  # the other ranks must hear of it before anyone raises
+            error = caught
+    if dist.all_reduce_sum([error is not None])[0] > 0:
+        if lock is not None:
+            lock.release()
+        if error is not None:
+            raise error
+        raise ConfigError(f'rank 0 refused --save_dir {save_dir}: its error says why '
+                          '(workerlog.0 with paddle.distributed.launch).')
+    _OWNED.add(key)
+    try:
+        yield
+    except KeyboardInterrupt as stop:
+        raise Interrupted(_stopped_message(stop, save_dir, resume_model),
+                          getattr(stop, 'signum', signal.SIGINT)) from None
+    finally:
+        _OWNED.discard(key)
+        if lock is not None:
+            ckpt.remove_stale_temporaries(save_dir)
+            lock.release()
+
+
+def _names(paths):
+    names = [os.path.basename(os.path.normpath(p)) for p in paths]
+    if len(names) <= 5:
+        return ', '.join(names)
+    return f'{", ".join(names[:2])}, ..., {", ".join(names[-2:])} ({len(names)} folders)'
+
+
+def _refuse_or_clear(save_dir, resume_model, overwrite, logger):
+    """Refuses (or with ``overwrite`` deletes) checkpoints a new run would mix with its own."""
+    if resume_model is not None and not os.path.isdir(resume_model):
+        return  # load_checkpoint says what is wrong with it
+    checkpoints = ckpt.list_checkpoints(save_dir)
+    best = os.path.join(save_dir, BEST_MODEL)
+    best = best if os.path.isdir(best) else None
+    if not checkpoints and best is None:
+        return
+    parent = os.path.dirname(os.path.abspath(os.path.normpath(resume_model or '.')))
+    if resume_model is not None and os.path.realpath(parent) == os.path.realpath(save_dir):
+        start = ckpt.checkpoint_iteration(resume_model)
+        in_the_way = [path for iteration, path in checkpoints
+                      if start is not None and iteration > start]
+        best_iteration = ckpt.checkpoint_iteration(best) if best else None
+        if start is not None and best_iteration is not None and best_iteration > start:
+            in_the_way.append(best)
+        if not in_the_way:
+            return
+        if not overwrite:
+            raise ConfigError(
+                f'--resume_model {resume_model} is not the latest checkpoint in --save_dir '
+                f'{save_dir}: continuing from it would overwrite {_names(in_the_way)}. Resume '
+                f'from {checkpoints[-1][1]}, write this run to a new --save_dir, or pass '
+                '--overwrite to delete them.')
+    else:
+        in_the_way = [path for _, path in checkpoints] + ([best] if best else [])
+        if not overwrite:
+            elsewhere = (f' (--resume_model {resume_model} is not in it)'
+                         if resume_model is not None else '')
+            latest = (f', continue that run with --resume_model {checkpoints[-1][1]}'
+                      if checkpoints else '')
+            raise ConfigError(
+                f'--save_dir {save_dir} holds the checkpoints of another run '
+                f'({_names(in_the_way)}){elsewhere}: a new run there would overwrite some of '
+                f'them and mix with the others. Pick a new --save_dir{latest}, or pass '
+                '--overwrite to delete them and start over.')
+    (logger or get_logger()).warning(f'--overwrite: deleting {_names(in_the_way)} of the '
+                                     f'previous run in {save_dir}.')
+    ckpt.delete_checkpoints(in_the_way)
+
+
+def _stopped_message(stop, save_dir, resume_model):
+    what = str(stop) if isinstance(stop, Interrupted) else 'interrupted (Ctrl-C)'
+    checkpoints = ckpt.list_checkpoints(save_dir)
+    last = checkpoints[-1][1] if checkpoints else resume_model
+    if last is None:
+        return (f'training {what} before its first checkpoint, so there is nothing to resume: '
+                'start again (a lower --save_interval saves sooner).')
+    return f'training {what}; its last checkpoint is {last}: continue with --resume_model {last}'
+
+
+class _SaveDirLock:
+    """An exclusive ``flock`` on ``<save_dir>/.train.lock``, which names the holder."""
+
+    def __init__(self, save_dir, logger=None):
+        try:
+            os.makedirs(save_dir, exist_ok=True)
+        except OSError as error:
+            raise ConfigError(f'--save_dir {save_dir} cannot be created ({error}): pick a '
+                              'folder you can write to.') from error
+        self.path = os.path.join(save_dir, LOCK_FILE)
+        self.fd = None
+        while self.fd is None:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 512, 0).decode(errors='replace').strip()
+                os.close(fd)
+                raise ConfigError(
+                    f'--save_dir {save_dir} is in use by another training '
+                    f'({holder or "pid unknown"}): two runs in one folder would mix their '
+                    'checkpoints and train.log; wait for it to end or pick another '
+                    '--save_dir.') from None
+            except OSError as error:
+                os.close(fd)
+                if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                    raise
+                (logger or get_logger()).warning(
+                    f'--save_dir {save_dir} cannot be locked on this file system ({error}): '
+                    'a second run started in it at once would not be refused.')
+                return
+            # A holder deletes the file before unlocking it: hold the file that is there now.
+            try:
+                current = os.stat(self.path)
+            except FileNotFoundError:
+                current = None
+            if current is not None and os.path.samestat(os.fstat(fd), current):
+                self.fd = fd
+            else:
+                os.close(fd)
+        os.ftruncate(self.fd, 0)
+        os.write(self.fd, f'pid {os.getpid()} on {socket.gethostname()}, started '
+                          f'{time.strftime("%Y-%m-%d %H:%M:%S")}\n'.encode())
+
+    def release(self):
+        """Deletes the lock file, then unlocks it."""
+        if self.fd is None:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self.path)
+        os.close(self.fd)
+        self.fd = None
