@@ -5,8 +5,11 @@
 import argparse
 import os
 import sys
+import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# Importing psanet imports Paddle, whose notice would sit between the user and a one-line error.
+warnings.filterwarnings('ignore', message='No ccache found')
 
 from psanet.data.mini_cityscapes import format_summary, generate  # noqa: E402
 
@@ -26,6 +29,6 @@ if __name__ == '__main__':
     args = parse_args()
     try:
         summary = generate(args.out, args.num_train, args.num_val, tuple(args.size), args.seed)
-    except (ValueError, FileExistsError) as error:
+    except (ValueError, OSError) as error:  # OSError: --out is a file, or not writable
         sys.exit(f'error: {error}')
     print(format_summary(summary))

@@ -3,21 +3,25 @@
 paddleseg 2.8.0 reads the YAML (``_base_`` inheritance, ``--opts key=value``)
 and builds model, datasets, losses, optimizer and LR scheduler from it; this
 module only adds what it lacks for a command line: a misspelt top-level key,
-an unknown component type, a bad ``--opts`` item or a component that fails to
-build each become one :class:`ConfigError` naming the file and the fix
-instead of an assertion or a wrapped RuntimeError.
+an unknown component type, a bad ``--opts`` item, a loop of ``_base_`` files
+or a component that fails to build (a model argument of the wrong type or
+range names ``model.<argument>``) each become one :class:`ConfigError`
+naming the file and the fix instead of an assertion, a RecursionError or a
+wrapped RuntimeError.
 """
 import copy
 import difflib
 import os
+import time
 
 import yaml
 from paddleseg.cvlibs import Config, SegBuilder, manager
 
 import psanet.compat  # noqa: F401
-import psanet.models  # noqa: F401  (registers PSANet in manager.MODELS)
 from psanet.core.errors import ConfigError
+from psanet.core.logger import get_logger
 from psanet.data.validate import check_dataset_config, validate_dataset
+from psanet.models import ArgumentError  # importing it registers PSANet in manager.MODELS
 
 __all__ = ['KNOWN_KEYS', 'UNSUPPORTED_KEYS', 'load_config', 'ComponentBuilder']
 
@@ -43,8 +47,17 @@ _ALL_REGISTRIES = (manager.MODELS, manager.BACKBONES, manager.DATASETS, manager.
                    manager.LOSSES, manager.OPTIMIZERS)
 
 
-def _check_yaml_files(path, chain=()):
-    """The config and its ``_base_`` chain exist and are YAML mappings."""
+def _check_yaml_files(path, chain=(), entry=None):
+    """The config and its ``_base_`` chain exist, are YAML mappings and do not loop.
+
+    ``chain`` holds the files that led to ``path``, ``entry`` the ``_base_`` item naming it.
+    """
+    seen = [os.path.realpath(p) for p in chain]
+    if os.path.realpath(path) in seen:
+        loop = chain[seen.index(os.path.realpath(path)):] + (path, )
+        raise ConfigError(f'config {chain[0]}: the _base_ files form a loop, '
+                          f'{" -> ".join(os.path.normpath(p) for p in loop)}: remove '
+                          f'_base_: {entry} from {os.path.normpath(chain[-1])}.')
     if not os.path.isfile(path):
         where = f' (the _base_ of {chain[-1]})' if chain else ''
         raise ConfigError(f'config {path}{where} does not exist (cwd {os.getcwd()}): pass a file '
@@ -59,8 +72,12 @@ def _check_yaml_files(path, chain=()):
     if not isinstance(dic, dict):
         raise ConfigError(f'config {path} does not hold a mapping of keys: fix its YAML.')
     bases = dic.get('_base_', [])
-    for base in [bases] if isinstance(bases, str) else bases:
-        _check_yaml_files(os.path.join(os.path.dirname(path), base), chain + (path, ))
+    bases = [bases] if isinstance(bases, str) else bases
+    if not isinstance(bases, list) or not all(isinstance(b, str) for b in bases):
+        raise ConfigError(f'config {path}: _base_ must be a file name or a list of them, '
+                          f'got {dic["_base_"]!r}.')
+    for base in bases:
+        _check_yaml_files(os.path.join(os.path.dirname(path), base), chain + (path, ), base)
 
 
 def _check_opts(dic, opts, path):
@@ -174,6 +191,17 @@ def load_config(path, learning_rate=None, batch_size=None, iters=None, opts=None
     return cfg
 
 
+def _argument_error(error):
+    """The models' ArgumentError behind ``error`` (SegBuilder re-raises it as a RuntimeError)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, ArgumentError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
 class ComponentBuilder:
     """Builds the config's components through paddleseg's SegBuilder, with clear errors.
 
@@ -193,6 +221,11 @@ class ComponentBuilder:
             raise
         except (AssertionError, AttributeError, RuntimeError, ValueError, KeyError,
                 TypeError) as error:
+            argument = _argument_error(error)
+            if argument is not None:
+                raise ConfigError(f'config {self.path}: {section}.{argument.argument} must be '
+                                  f'{argument.requirement}, got {argument.value!r}: fix it in '
+                                  'the config or the --opts item that sets it.') from error
             lines = [l for l in str(error).strip().splitlines() if l.strip()]
             detail = lines[-1] if lines else type(error).__name__
             raise ConfigError(f'config {self.path}: cannot build {section}: {detail}. Fix the '
@@ -228,13 +261,14 @@ class ComponentBuilder:
         """The val_dataset transforms, for prediction."""
         return self._get('val_transforms', 'val_dataset.transforms')
 
-    def dataset(self, split, check_labels='sample'):
+    def dataset(self, split, check_labels='all'):
         """The train or val dataset, its paths and labels checked before use.
 
         Args:
             split (str): 'train' or 'val'.
             check_labels (str, optional): how many samples ``validate_dataset`` reads:
-                'all', 'sample' or 'none'. Default: 'sample'.
+                'all', 'sample' or 'none'; files it read before and that did not
+                change since are not read again. Default: 'all'.
         """
         section = f'{split}_dataset'
         dataset_cfg = self.cfg.dic.get(section)
@@ -243,8 +277,14 @@ class ComponentBuilder:
                               'configs/_base_/cityscapes.yml).')
         check_dataset_config(copy.deepcopy(dataset_cfg))
         dataset = self._get(section, section)
-        validate_dataset(dataset, dataset.num_classes, dataset.ignore_index,
-                         check_labels=check_labels)
+        start = time.time()
+        report = validate_dataset(dataset, dataset.num_classes, dataset.ignore_index,
+                                  check_labels=check_labels)
+        if report['read'] + report['cached']:
+            get_logger().info(
+                f'Checked the {report["read"] + report["cached"]} {split} samples in '
+                f'{time.time() - start:.2f} s ({report["read"]} read, {report["cached"]} '
+                'unchanged since the last check)')
         return dataset
 
     @property

@@ -3,7 +3,8 @@
 * :class:`SampleReader` wraps a paddleseg dataset. It seeds Python's and
   numpy's RNGs from (seed, epoch, index) before each sample's transforms, so
   augmentation does not depend on worker count, prefetching or where a run
-  was resumed. It also checks label values, and turns a sample that fails to
+  was resumed. It also checks label values (label_values_error, the check
+  validate_dataset runs before training), and turns a sample that fails to
   load into an error record: an exception raised inside Paddle's loader
   thread hangs a ``num_workers=0`` DataLoader on Paddle 3.3 instead of
   reaching the training loop.
@@ -22,6 +23,7 @@ import numpy as np
 import paddle
 
 from psanet.core.errors import ConfigError, DatasetError
+from psanet.data.validate import label_values_error
 
 __all__ = ['SampleReader', 'collate', 'raise_if_error', 'TrainBatchSampler', 'EvalBatchSampler',
            'build_train_loader', 'build_eval_loader']
@@ -71,14 +73,12 @@ class SampleReader(paddle.io.Dataset):
         except Exception as error:  # any failure must reach the main process as a record
             return {'error': _describe_failure(error, image_path, label_path)}
         label = np.asarray(data['label'])
-        values = np.unique(label)
-        bad = values[(values >= self.num_classes) & (values != self.ignore_index)]
-        if bad.size:
-            return {'error': (
-                f'label {label_path} has values {bad[:10].tolist()} outside '
-                f'[0, {self.num_classes}) that are not ignore_index {self.ignore_index}: convert '
-                'the labels to train ids (python tools/prepare_cityscapes.py for Cityscapes) '
-                'or fix num_classes / ignore_index in the config.')}
+        # validate_dataset checked the files; this catches a label changed since, or
+        # a dataset handed to train() unchecked, before it reaches the loss.
+        error = label_values_error(label_path, np.unique(label), self.num_classes,
+                                   self.ignore_index, getattr(self.dataset, 'dataset_root', None))
+        if error:
+            return {'error': error}
         sample = {'img': np.asarray(data['img'], dtype='float32'),
                   'label': label.astype('int64'),
                   'trans_info': [(str(op), [int(s) for s in size])

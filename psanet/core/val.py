@@ -19,6 +19,7 @@ from paddleseg.utils import TimeAverager
 
 from psanet.core import dist, infer
 from psanet.core.checkpoint import load_model_weights, resolve_weights_path
+from psanet.core.cli import check_inference_flags
 from psanet.core.config import ComponentBuilder, load_config
 from psanet.core.errors import ConfigError
 from psanet.core.loader import build_eval_loader, raise_if_error, sample_paths
@@ -207,6 +208,10 @@ def evaluate_from_config(config, model_path, device=None, num_workers=0, aug_eva
     logger = get_logger()
     resolve_weights_path(model_path)  # a wrong path fails before any building
     cfg = load_config(config, opts=opts)
+    check_inference_flags(dict(aug_eval=aug_eval, scales=scales, flip_horizontal=flip_horizontal,
+                               flip_vertical=flip_vertical, is_slide=is_slide,
+                               crop_size=crop_size, stride=stride),
+                          '--aug_eval', cfg.dic.get('test_config'))
     builder = ComponentBuilder(cfg)
     dataset = builder.dataset('val')
     model = builder.model

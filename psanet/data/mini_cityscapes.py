@@ -544,6 +544,13 @@ def _cities(cities, split):
 
 def _prepare_root(root):
     """Clears a previous mini Cityscapes in root; refuses to touch any other dataset."""
+    if os.path.exists(root) and not os.path.isdir(root):
+        raise FileExistsError(f'--out {root} is a file, not a folder: choose a folder path '
+                              '(it is made if missing).')
+    parent = _existing_ancestor(root)
+    if not os.path.isdir(parent):
+        raise FileExistsError(f'--out {root} cannot be made: {parent} is a file, not a folder; '
+                              'choose another --out path.')
     if os.path.exists(os.path.join(root, MARKER)):
         for folder in ('leftImg8bit', 'gtFine'):
             for split in SPLIT_SEEDS:
@@ -554,7 +561,19 @@ def _prepare_root(root):
             raise FileExistsError(
                 f'{os.path.join(root, folder)} exists and was not made by this generator '
                 f'(no {MARKER}): choose an empty --out folder or remove that one.')
-    os.makedirs(root, exist_ok=True)
+    try:
+        os.makedirs(root, exist_ok=True)
+    except OSError as error:
+        raise OSError(f'--out {root} cannot be made ({error.strerror}): choose a folder you can '
+                      'write to.') from error
+
+
+def _existing_ancestor(path):
+    """The nearest of ``path`` and its parents that exists (a file or a folder)."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
 
 
 def _write(path, array):

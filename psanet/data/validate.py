@@ -15,16 +15,28 @@ this order::
 and the same for the validation dataset. ``check_dataset_root(root, mode)`` is
 the Cityscapes-layout part of ``check_dataset_config`` for callers that hold a
 path rather than a config.
+
+``validate_dataset`` reads every label (and every image's header) on a pool
+of threads, and remembers what it read per file, by path, size and
+modification time, in ``<dataset_root>/.psanet_dataset_check.json`` (or,
+where the root is not writable, under ``~/.cache/psanet/dataset_check/``):
+a second check reads only the files that changed.
 """
+import concurrent.futures
 import glob
+import hashlib
+import json
 import os
+import tempfile
+import time
 
 import cv2
 import numpy as np
 from PIL import Image
 
 __all__ = ['DatasetError', 'check_dataset_root', 'check_dataset_config',
-           'validate_dataset', 'CITYSCAPES_LAYOUT', 'CITYSCAPES_DOWNLOAD']
+           'validate_dataset', 'label_values_error', 'CITYSCAPES_LAYOUT', 'CITYSCAPES_DOWNLOAD',
+           'CHECK_CACHE_NAME']
 
 CITYSCAPES_LAYOUT = """\
     <root>/leftImg8bit/{train,val,test}/<city>/<city>_<seq>_<frame>_leftImg8bit.png
@@ -42,6 +54,13 @@ TRAIN_IDS_SUFFIX = '_gtFine_labelTrainIds.png'
 _CHECK_LABELS = ('all', 'sample', 'none')
 _NAMES_SHOWN = 5
 
+# What validate_dataset read, per file, in the dataset root (see _CheckCache).
+CHECK_CACHE_NAME = '.psanet_dataset_check.json'
+_CACHE_VERSION = 1
+# A file modified this close to a check could change again within the file
+# system's timestamp granularity unseen: it is not remembered (git's "racy" rule).
+_RACY_NS = 2 * 10**9
+
 
 class DatasetError(ValueError):
     """A dataset on disk that cannot be trained on; the message names the file and the fix."""
@@ -56,6 +75,9 @@ def check_dataset_root(root, mode=None):
             ``leftImg8bit/<mode>`` and ``gtFine/<mode>`` folders must exist too.
             Default: None.
     """
+    if root is not None and os.path.exists(root) and not os.path.isdir(root):
+        raise DatasetError(f'dataset root {root} is a file, not a folder: pass the folder that '
+                           'holds leftImg8bit/ and gtFine/.')
     if root is None or not os.path.isdir(root):
         raise DatasetError(
             f'dataset root {root!r} does not exist (cwd {os.getcwd()}). Expected layout:\n'
@@ -96,6 +118,9 @@ def check_dataset_config(dataset_cfg):
     if kind == 'Cityscapes':
         check_dataset_root(root, mode)
         return
+    if root is not None and os.path.exists(root) and not os.path.isdir(root):
+        raise DatasetError(f'{kind} dataset_root {root} is a file, not a folder: fix '
+                           'dataset_root in the config.')
     if root is None or not os.path.isdir(root):
         raise DatasetError(
             f'{kind} dataset_root {root!r} does not exist (cwd {os.getcwd()}): '
@@ -110,8 +135,15 @@ def check_dataset_config(dataset_cfg):
                 f'{key}={path!r} is not a file: fix it in the config.')
 
 
-def validate_dataset(dataset, num_classes, ignore_index=255, check_labels='sample', sample=8):
+def validate_dataset(dataset, num_classes, ignore_index=255, check_labels='all', sample=8,
+                     num_workers=None, cache=True):
     """Checks that every sample of a paddleseg dataset can be read and has valid labels.
+
+    Every image must exist and its header decode (PNG: its chunks' checksums
+    too); every label must decode to a single-channel image of the image's
+    size holding only class ids in ``[0, num_classes)`` or ``ignore_index``.
+    What was read is remembered per file (path, size, modification time), so
+    a later check reads only new or changed files.
 
     Args:
         dataset: a paddleseg ``Dataset`` or ``Cityscapes`` (anything with
@@ -121,14 +153,20 @@ def validate_dataset(dataset, num_classes, ignore_index=255, check_labels='sampl
         ignore_index (int, optional): the label value that is not trained on. Default: 255.
         check_labels (str, optional): 'all' reads every image and label,
             'sample' the first and last ``sample`` ones together, 'none' only
-            checks that the files exist. Default: 'sample'.
+            checks that the files exist. Default: 'all'.
         sample (int, optional): how many samples 'sample' reads. Default: 8.
+        num_workers (int, optional): threads reading files; None: one per CPU, at most 8.
+            Default: None.
+        cache (bool, optional): remember what was read in ``<dataset_root>/``
+            ``.psanet_dataset_check.json`` (``~/.cache/psanet/dataset_check/`` where the
+            root is read-only) and skip unchanged files. Default: True.
 
     Returns:
-        dict: ``{'samples': int, 'read': int}``, the number of samples and how many were read.
+        dict: ``{'samples': int, 'read': int, 'cached': int}``: the number of
+        samples, how many had a file read and how many were known from the cache.
 
     Raises:
-        DatasetError: naming the first bad file and the fix.
+        DatasetError: naming the first bad file, the fix, and how many more fail.
     """
     if check_labels not in _CHECK_LABELS:
         raise ValueError(f'check_labels must be one of {_CHECK_LABELS}, got {check_labels!r}')
@@ -139,8 +177,7 @@ def validate_dataset(dataset, num_classes, ignore_index=255, check_labels='sampl
     if root is not None and not os.path.isdir(root):
         raise DatasetError(f'dataset root {root!r} does not exist (cwd {os.getcwd()}): '
                            'fix dataset_root in the config.')
-    is_cityscapes = root is not None and all(
-        os.path.isdir(os.path.join(root, d)) for d in ('leftImg8bit', 'gtFine'))
+    is_cityscapes = _is_cityscapes(root)
     if is_cityscapes and mode in ('train', 'val', 'test'):
         _check_cityscapes_pairs(root, mode)
     file_list = list(dataset.file_list)
@@ -165,14 +202,38 @@ def validate_dataset(dataset, num_classes, ignore_index=255, check_labels='sampl
                                f'{_label_fix(root, is_cityscapes)}')
 
     if check_labels == 'none':
-        return {'samples': len(file_list), 'read': 0}
+        return {'samples': len(file_list), 'read': 0, 'cached': 0}
     indices = range(len(file_list))
     if check_labels == 'sample':
         head = (sample + 1) // 2
         indices = sorted(set(indices[:head]) | set(indices[len(file_list) - sample // 2:]))
-    for i in indices:
-        _check_sample(*file_list[i], num_classes, ignore_index, root, is_cityscapes)
-    return {'samples': len(file_list), 'read': len(indices)}
+    pairs = [file_list[i] for i in indices]
+    memory = _CheckCache(root if cache else None)
+    if num_workers is None:
+        num_workers = min(8, len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity')
+                          else os.cpu_count() or 1)
+    with concurrent.futures.ThreadPoolExecutor(max(1, int(num_workers))) as pool:
+        results = list(pool.map(lambda pair: _read_sample(pair, memory), pairs))
+    memory.save()  # before raising: what was read stays read
+    problems = []
+    for (image_path, label_path), (image, label, _) in zip(pairs, results):
+        problem = _sample_problem(image_path, image, label_path, label, num_classes,
+                                  ignore_index, root, is_cityscapes)
+        if problem:
+            problems.append(problem)
+    if problems:
+        message = problems[0][1]
+        if len(problems) > 1:
+            message += (f' {len(problems) - 1} more of the {len(pairs)} samples fail the check: '
+                        f'{_few(path for path, _ in problems[1:])}.')
+        raise DatasetError(message)
+    read = sum(1 for *_, fresh in results if fresh)
+    return {'samples': len(file_list), 'read': read, 'cached': len(pairs) - read}
+
+
+def _is_cityscapes(root):
+    return root is not None and all(os.path.isdir(os.path.join(root, d))
+                                    for d in ('leftImg8bit', 'gtFine'))
 
 
 def _check_cityscapes_pairs(root, mode):
@@ -228,39 +289,193 @@ def _label_fix(root, is_cityscapes):
     return 'fix the file list or restore the file.'
 
 
-def _check_sample(image_path, label_path, num_classes, ignore_index, root, is_cityscapes):
-    image = cv2.imread(image_path, cv2.IMREAD_COLOR)
-    if image is None:
-        raise DatasetError(f'image {image_path} cannot be read (corrupt or not an image): '
-                           're-extract or re-download it.')
+def _read_sample(pair, memory):
+    """(image facts, label facts, whether a file was read); a fact is a dict or an error string."""
+    image_path, label_path = pair
+    image, image_fresh = memory.get(image_path, _read_image, ('shape', ))
     if label_path is None:
-        return
+        return image, None, image_fresh
+    label, label_fresh = memory.get(label_path, _read_label, ('shape', 'values'))
+    return image, label, image_fresh or label_fresh
+
+
+def _read_image(path):
+    """{'shape': [h, w]} from the header (PNG: every chunk's checksum), else by decoding it."""
     try:
-        label = np.asarray(Image.open(label_path))
+        with Image.open(path) as image:
+            width, height = image.size
+            try:
+                image.verify()
+            except Exception as error:  # PIL raises several types for a damaged file
+                return (f'image {path} cannot be read: it is damaged or truncated ({error}); '
+                        're-extract or re-download it.')
+        return {'shape': [height, width]}
+    except Exception:  # a format PIL does not know: OpenCV, which training uses, may read it
+        pass
+    image = cv2.imread(path, cv2.IMREAD_COLOR)
+    if image is None:
+        return (f'image {path} cannot be read (corrupt or not an image): re-extract or '
+                're-download it.')
+    return {'shape': list(image.shape[:2])}
+
+
+def _read_label(path):
+    """{'shape': [...], 'values': [...]} of a label decoded as paddleseg does (PIL)."""
+    try:
+        with Image.open(path) as image:
+            label = np.asarray(image)
     except Exception as error:  # PIL raises several types for a broken file
-        raise DatasetError(f'label {label_path} cannot be read ({error}): re-extract it or '
-                           f'{_label_fix(root, is_cityscapes)}') from error
+        return f'label {path} cannot be read ({error})'
     if label.ndim != 2:
-        raise DatasetError(
-            f'label {label_path} has shape {label.shape}: a label must be a single-channel '
-            'image of class ids (a colour image such as *_gtFine_color.png is not a label); '
-            + _label_fix(root, is_cityscapes))
-    if label.shape != image.shape[:2]:
-        raise DatasetError(f'label {label_path} is {label.shape[1]}x{label.shape[0]} but its '
-                           f'image {image_path} is {image.shape[1]}x{image.shape[0]}: '
-                           'pair each image with its own label.')
-    values = np.unique(label)
+        return {'shape': list(label.shape), 'values': []}
+    if label.dtype == np.uint8:  # OpenCV's histogram: faster than numpy's, and without the GIL
+        values = np.flatnonzero(cv2.calcHist([np.ascontiguousarray(label)], [0], None, [256],
+                                             [0, 256]).ravel())
+    else:
+        values = np.unique(label)
+    return {'shape': list(label.shape), 'values': [int(v) for v in values]}
+
+
+def _sample_problem(image_path, image, label_path, label, num_classes, ignore_index, root,
+                    is_cityscapes):
+    """(the bad file, the error message) of one sample's facts, or None."""
+    if isinstance(image, str):
+        return image_path, image
+    if label_path is None:
+        return None
+    if isinstance(label, str):
+        return label_path, f'{label}: re-extract it or {_label_fix(root, is_cityscapes)}'
+    if len(label['shape']) != 2:
+        return label_path, (
+            f'label {label_path} has shape {tuple(label["shape"])}: a label must be a '
+            'single-channel image of class ids (a colour image such as *_gtFine_color.png is '
+            'not a label); ' + _label_fix(root, is_cityscapes))
+    if label['shape'] != image['shape']:
+        (label_h, label_w), (image_h, image_w) = label['shape'], image['shape']
+        return label_path, (f'label {label_path} is {label_w}x{label_h} but its image '
+                            f'{image_path} is {image_w}x{image_h}: pair each image with its '
+                            'own label.')
+    message = label_values_error(label_path, label['values'], num_classes, ignore_index, root)
+    return (label_path, message) if message else None
+
+
+def label_values_error(label_path, values, num_classes, ignore_index=255, root=None):
+    """The error message for a label holding ids outside ``[0, num_classes)``, or None.
+
+    Args:
+        label_path (str): the label file, named in the message.
+        values (array-like): the values the label holds (e.g. ``np.unique(label)``).
+        num_classes (int): valid ids are ``0 .. num_classes - 1``.
+        ignore_index (int, optional): the one other valid value. Default: 255.
+        root (str, optional): the dataset root; a Cityscapes root gets the
+            ``prepare_cityscapes.py`` fix. Default: None.
+
+    Returns:
+        str | None: the message, naming the file, the bad values and the fix.
+    """
+    values = np.asarray(values, dtype=np.int64).ravel()
     bad = values[((values < 0) | (values >= num_classes)) & (values != ignore_index)]
-    if bad.size:
-        if is_cityscapes:
-            looks = ('this looks like Cityscapes label ids, not train ids'
-                     if bad.max() <= 33 else 'labels must be Cityscapes train ids')
-            fix = (f'{looks}: run '
-                   f'`python tools/prepare_cityscapes.py --root {root} --overwrite` to make '
-                   f'*_gtFine_labelTrainIds.png, or check num_classes ({num_classes}).')
-        else:
-            fix = (f'convert the labels to class ids 0..{num_classes - 1} (ignore_index for '
-                   'void), or check num_classes / ignore_index in the config.')
-        raise DatasetError(
-            f'label {label_path} has values {bad[:10].tolist()} outside [0, {num_classes}) '
+    if not bad.size:
+        return None
+    if _is_cityscapes(root):
+        looks = ('this looks like Cityscapes label ids, not train ids'
+                 if bad.max() <= 33 else 'labels must be Cityscapes train ids')
+        fix = (f'{looks}: run '
+               f'`python tools/prepare_cityscapes.py --root {root} --overwrite` to make '
+               f'*_gtFine_labelTrainIds.png, or check num_classes ({num_classes}).')
+    else:
+        fix = (f'convert the labels to class ids 0..{num_classes - 1} (ignore_index for '
+               'void), or check num_classes / ignore_index in the config.')
+    return (f'label {label_path} has values {bad[:10].tolist()} outside [0, {num_classes}) '
             f'that are not ignore_index {ignore_index}: {fix}')
+
+
+class _CheckCache:
+    """What ``validate_dataset`` read, per file, keyed by path and valid while size and mtime hold.
+
+    Kept as JSON in ``<root>/.psanet_dataset_check.json``, or where the root is
+    read-only in ``~/.cache/psanet/dataset_check/<hash of the root>.json``;
+    written atomically (a temporary file renamed over it), and merged with
+    what another process wrote meanwhile. Unreadable or unwritable cache
+    files are ignored: the check then reads every file. ``root`` None: no cache.
+    """
+
+    def __init__(self, root):
+        self.root = None if root is None else os.path.abspath(root)
+        self.start_ns = time.time_ns()
+        self.new = {}
+        self.files = {}
+        if self.root is not None:
+            for path in self._paths():
+                self.files = self._load(path)
+                if self.files:
+                    break
+
+    def _paths(self):
+        digest = hashlib.sha1(os.path.realpath(self.root).encode('utf-8')).hexdigest()[:16]
+        home = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
+        return [os.path.join(self.root, CHECK_CACHE_NAME),
+                os.path.join(home, 'psanet', 'dataset_check', digest + '.json')]
+
+    @staticmethod
+    def _load(path):
+        try:
+            with open(path, encoding='utf-8') as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(data, dict) or data.get('version') != _CACHE_VERSION:
+            return {}
+        files = data.get('files')
+        return files if isinstance(files, dict) else {}
+
+    def _key(self, path):
+        path = os.path.abspath(path)
+        relative = os.path.relpath(path, self.root)
+        return path if relative.startswith(os.pardir) else relative
+
+    def get(self, path, read, keys):
+        """(facts, fresh): the remembered facts of ``path``, else ``read(path)``'s.
+
+        ``keys``: the lists remembered facts must hold (a hand-edited entry is read again).
+        """
+        if self.root is None:
+            return read(path), True
+        try:
+            stat = os.stat(path)
+        except OSError:  # removed since the existence check: read() names it
+            return read(path), True
+        key = self._key(path)
+        entry = self.files.get(key)
+        if (isinstance(entry, list) and len(entry) == 3 and entry[0] == stat.st_size and
+                entry[1] == stat.st_mtime_ns and isinstance(entry[2], dict) and
+                all(isinstance(entry[2].get(k), list) for k in keys)):
+            return entry[2], False
+        facts = read(path)
+        if isinstance(facts, dict) and stat.st_mtime_ns < self.start_ns - _RACY_NS:
+            self.new[key] = [stat.st_size, stat.st_mtime_ns, facts]
+        return facts, True
+
+    def save(self):
+        """Writes the new entries, merged into the cache file as it is now."""
+        if self.root is None or not self.new:
+            return
+        for path in self._paths():
+            files = self._load(path)
+            files.update(self.new)
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                handle, temporary = tempfile.mkstemp(prefix=os.path.basename(path) + '.',
+                                                     suffix='.tmp', dir=os.path.dirname(path))
+                try:
+                    with os.fdopen(handle, 'w', encoding='utf-8') as f:
+                        json.dump({'version': _CACHE_VERSION, 'files': files}, f,
+                                  separators=(',', ':'))
+                    os.chmod(temporary, 0o644)  # mkstemp's 0600 would hide it from other users
+                    os.replace(temporary, path)
+                finally:
+                    if os.path.exists(temporary):
+                        os.remove(temporary)
+                return
+            except OSError:
+                continue

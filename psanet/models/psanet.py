@@ -1,4 +1,5 @@
 """PSANet: point-wise spatial attention network, as a PaddleSeg model component."""
+import numpy as np
 import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
@@ -8,9 +9,36 @@ from paddleseg.utils import utils
 
 from psanet.ops import PSAMask
 
-__all__ = ['PSANet', 'PSAHead', 'PSABranch']
+__all__ = ['PSANet', 'PSAHead', 'PSABranch', 'ArgumentError']
 
 _COLLECT, _DISTRIBUTE, _BIDIRECTION = 0, 1, 2
+
+
+class ArgumentError(ValueError):
+    """A constructor argument of the wrong type or out of range.
+
+    ``argument`` is its name (the key in the config's ``model`` section),
+    ``requirement`` says what it accepts, ``value`` is what was given; the
+    config builder turns it into ``model.<argument> must be ...``.
+    """
+
+    def __init__(self, argument, requirement, value):
+        self.argument, self.requirement, self.value = argument, requirement, value
+        super().__init__(f'{argument} must be {requirement}, got {value!r}.')
+
+
+def _is_int(value):
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _check_positive_int(name, value):
+    if not _is_int(value) or value < 1:
+        raise ArgumentError(name, 'a positive integer', value)
+
+
+def _check_bool(name, value):
+    if not isinstance(value, (bool, np.bool_)):
+        raise ArgumentError(name, 'true or false', value)
 
 
 @manager.MODELS.add_component
@@ -64,9 +92,16 @@ class PSANet(nn.Layer):
                  align_corners=False,
                  pretrained=None):
         super().__init__()
-        if len(backbone_indices) != 2:
-            raise ValueError(f'PSANet: backbone_indices must hold 2 indices (auxiliary, '
-                             f'main), got {backbone_indices}.')
+        _check_positive_int('num_classes', num_classes)
+        num_outputs = len(backbone.feat_channels)
+        if (not isinstance(backbone_indices, (list, tuple)) or len(backbone_indices) != 2 or
+                not all(_is_int(i) and -num_outputs <= i < num_outputs
+                        for i in backbone_indices)):
+            raise ArgumentError('backbone_indices', f'2 indices (auxiliary, main) of the '
+                                f'backbone\'s {num_outputs} outputs', backbone_indices)
+        _check_bool('align_corners', align_corners)
+        if pretrained is not None and not isinstance(pretrained, str):
+            raise ArgumentError('pretrained', 'a path or URL of weights, or null', pretrained)
         self.backbone = backbone
         self.backbone_indices = tuple(backbone_indices)
         self.num_classes = num_classes
@@ -116,17 +151,24 @@ class PSAHead(nn.Layer):
                  psa_channels, shrink_factor, normalization_factor, psa_softmax,
                  use_psa, compact, enable_auxiliary_loss):
         super().__init__()
-        if psa_type not in (_COLLECT, _DISTRIBUTE, _BIDIRECTION):
-            raise ValueError(f'PSANet: psa_type must be 0 (collect), 1 (distribute) or '
-                             f'2 (bi-direction), got {psa_type!r}.')
-        if not isinstance(shrink_factor, int) or shrink_factor < 1:
-            raise ValueError(f'PSANet: shrink_factor must be an int >= 1, got '
-                             f'{shrink_factor!r}.')
+        _check_positive_int('num_classes', num_classes)
+        if not _is_int(psa_type) or psa_type not in (_COLLECT, _DISTRIBUTE, _BIDIRECTION):
+            raise ArgumentError('psa_type', '0 (collect), 1 (distribute) or 2 (bi-direction)',
+                                psa_type)
+        for name, value in (('mask_h', mask_h), ('mask_w', mask_w),
+                            ('psa_channels', psa_channels), ('shrink_factor', shrink_factor)):
+            _check_positive_int(name, value)
         if normalization_factor is None:
             normalization_factor = float(mask_h * mask_w)
-        if normalization_factor <= 0:
-            raise ValueError(f'PSANet: normalization_factor must be > 0 or null, got '
-                             f'{normalization_factor!r}.')
+        if (not isinstance(normalization_factor, (int, float, np.integer, np.floating)) or
+                isinstance(normalization_factor, (bool, np.bool_)) or
+                not 0 < normalization_factor < float('inf')):
+            raise ArgumentError('normalization_factor', 'a positive number, or null for '
+                                'mask_h*mask_w', normalization_factor)
+        for name, value in (('psa_softmax', psa_softmax), ('use_psa', use_psa),
+                            ('compact', compact),
+                            ('enable_auxiliary_loss', enable_auxiliary_loss)):
+            _check_bool(name, value)
         in_channels = backbone_channels[1]
         self.use_psa = use_psa
         self.shrink_factor = shrink_factor

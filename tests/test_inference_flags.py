@@ -1,0 +1,99 @@
+"""Inference flags that would be ignored, or hold bad values, are refused in one line.
+
+``--scales`` and the flips act only with ``--aug_eval`` (``--aug_pred``),
+``--crop_size`` and ``--stride`` only with ``--is_slide``; the config's
+``test_config`` counts as set.
+"""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import MINI_CONFIG, ROOT
+import val
+from psanet.core.cli import check_inference_flags
+from psanet.core.errors import ConfigError
+
+# (flags on the command line, the one that does nothing, the flag it needs)
+NEEDS = [
+    (['--scales', '0.5'], '--scales', '--aug_eval'),
+    (['--scales', '0.75', '1.25'], '--scales', '--aug_eval'),
+    (['--flip_horizontal'], '--flip_horizontal', '--aug_eval'),
+    (['--flip_vertical'], '--flip_vertical', '--aug_eval'),
+    (['--crop_size', '64', '32'], '--crop_size', '--is_slide'),
+    (['--stride', '32', '16'], '--stride', '--is_slide'),
+    (['--is_slide', '--crop_size', '64', '32', '--stride', '32', '16', '--flip_horizontal'],
+     '--flip_horizontal', '--aug_eval'),
+    (['--aug_eval', '--crop_size', '64', '32'], '--crop_size', '--is_slide'),
+]
+
+
+def flags(argv):
+    return val.parse_args(['--config', 'c.yml', '--model_path', 'm.pdparams'] + argv)
+
+
+@pytest.mark.parametrize('argv, lonely, needed', NEEDS)
+def test_a_flag_without_the_flag_it_needs(argv, lonely, needed):
+    with pytest.raises(ConfigError) as error:
+        check_inference_flags(flags(argv), '--aug_eval')
+    message = str(error.value)
+    assert message.startswith(f'{lonely} only acts with {needed}'), message
+    assert f'add {needed} or drop {lonely}' in message
+
+
+@pytest.mark.parametrize('argv', [
+    [],
+    ['--aug_eval'],
+    ['--aug_eval', '--scales', '0.75', '1.0', '1.25', '--flip_horizontal', '--flip_vertical'],
+    ['--is_slide', '--crop_size', '64', '32', '--stride', '32', '16'],
+    ['--aug_eval', '--flip_horizontal', '--is_slide', '--crop_size', '64', '32', '--stride',
+     '64', '32'],
+])
+def test_flags_that_act_pass(argv):
+    check_inference_flags(flags(argv), '--aug_eval')
+
+
+def test_test_config_switches_count():
+    check_inference_flags(flags(['--scales', '0.5', '2.0']), '--aug_eval', {'aug_eval': True})
+    check_inference_flags(flags(['--crop_size', '64', '32']), '--aug_eval',
+                          {'is_slide': True, 'stride': [32, 16]})
+    with pytest.raises(ConfigError, match='--flip_vertical only acts with --aug_eval'):
+        check_inference_flags(flags(['--flip_vertical']), '--aug_eval', {'scales': [1.0]})
+
+
+@pytest.mark.parametrize('argv, test_config, named', [
+    (['--aug_eval', '--scales', '-0.5'], None, '--scales must be positive numbers'),
+    (['--aug_eval', '--scales', '1.0', '0'], None, '--scales must be positive numbers'),
+    (['--aug_eval'], {'scales': -1}, 'test_config.scales must be positive numbers'),
+    (['--is_slide', '--crop_size', '0', '32', '--stride', '16', '16'], None,
+     '--crop_size must be two positive integers'),
+    (['--is_slide', '--crop_size', '64', '32', '--stride', '16', '-1'], None,
+     '--stride must be two positive integers'),
+    (['--is_slide', '--stride', '16', '16'], None, '--is_slide needs --crop_size'),
+    (['--is_slide', '--crop_size', '64', '32'], None, '--is_slide needs --stride'),
+])
+def test_bad_values(argv, test_config, named):
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        check_inference_flags(flags(argv), '--aug_eval', test_config)
+
+
+def test_predict_names_its_own_flag():
+    check_inference_flags({'aug_pred': True, 'scales': [0.5]}, '--aug_pred')
+    with pytest.raises(ConfigError, match='--scales only acts with --aug_pred'):
+        check_inference_flags({'aug_pred': None, 'scales': [0.5]}, '--aug_pred')
+    # the config spells the switch aug_eval for both command lines
+    check_inference_flags({'scales': [0.5]}, '--aug_pred', {'aug_eval': True})
+
+
+def test_val_py_refuses_scales_without_aug_eval(tmp_path):
+    weights = tmp_path / 'model.pdparams'
+    weights.write_bytes(b'never read: the flags are checked first')
+    done = subprocess.run([sys.executable, os.path.join(ROOT, 'val.py'), '--config', MINI_CONFIG,
+                           '--model_path', str(weights), '--device', 'cpu', '--scales', '-0.5'],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith('error: --scales only acts with --aug_eval'), done.stderr
