@@ -16,7 +16,7 @@ import paddle
 import paddle.nn as nn
 import yaml
 
-from psanet.core.predict import PALETTES, palette_for
+from psanet.core.predict import PALETTES, check_save_dir, palette_for
 from psanet.ops import psa_impl as use_psa_impl
 
 __all__ = ['ExportedModel', 'export_model', 'export_onnx', 'export_from_config',
@@ -105,6 +105,7 @@ def export_model(model, val_transforms, save_dir, input_shape=None, output_op='a
     if palette not in PALETTES:
         raise ValueError(f'palette must be one of {PALETTES}, got {palette!r}.')
     shape = parse_input_shape(input_shape)
+    check_save_dir(save_dir)
     os.makedirs(save_dir, exist_ok=True)
     was_training = model.training
     wrapped = ExportedModel(model, output_op)
@@ -192,6 +193,7 @@ def export_from_config(config, model_path, save_dir='output/inference_model', in
         shape = parse_input_shape(input_shape)
     except ValueError as error:
         raise ConfigError(str(error)) from error
+    check_save_dir(save_dir)  # before the model is built and loaded
     paddle.set_device('cpu')
     cfg = load_config(config, opts=opts)
     builder = ComponentBuilder(cfg)

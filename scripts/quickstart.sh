@@ -17,9 +17,9 @@ step() { printf '\n=== %s ===\n' "$*"; }
 step "1/6 generate the mini Cityscapes in $DATA"
 python tools/make_mini_cityscapes.py --out "$DATA" --num_train 40 --num_val 10 --seed 0
 
-step "2/6 train ($CONFIG)"
+step "2/6 train ($CONFIG; --overwrite: a rerun starts this demo run over)"
 python train.py --config "$CONFIG" --device cpu --save_dir "$OUT/train" --do_eval \
-    --save_interval 100 --log_iters 10 --seed 0 --keep_checkpoint_max 1
+    --save_interval 100 --log_iters 10 --seed 0 --keep_checkpoint_max 1 --overwrite
 
 MODEL=$OUT/train/best_model/model.pdparams
 step "3/6 evaluate with --aug_eval --flip_horizontal"

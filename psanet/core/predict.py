@@ -6,6 +6,10 @@ For every input image it writes, keeping the image's path relative to
 * ``<save_dir>/pseudo_color_prediction/<rel>.png``: a palette PNG of class
   ids (Cityscapes colours for the 19 Cityscapes classes);
 * ``<save_dir>/added_prediction/<rel>``: the image blended with those colours.
+
+An image that cannot be read is reported and skipped; the others are still
+predicted, and the run ends with :class:`UnreadableImagesError` naming the
+skipped ones.
 """
 import os
 
@@ -19,14 +23,16 @@ from paddleseg.utils import visualize
 
 from psanet.core import dist, infer
 from psanet.core.checkpoint import load_model_weights, resolve_weights_path
+from psanet.core.cli import check_inference_flags
 from psanet.core.config import ComponentBuilder, load_config
 from psanet.core.errors import ConfigError, DatasetError
 from psanet.core.logger import get_logger
 from psanet.core.runtime import set_device
 from psanet.core.val import merge_test_config
 
-__all__ = ['IMAGE_EXTENSIONS', 'PALETTES', 'get_image_list', 'palette_for', 'color_map',
-           'save_prediction', 'predict', 'predict_from_config']
+__all__ = ['IMAGE_EXTENSIONS', 'PALETTES', 'UnreadableImagesError', 'get_image_list',
+           'palette_for', 'color_map', 'check_save_dir', 'read_image', 'save_prediction',
+           'predict', 'predict_from_config']
 
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp')
 PALETTES = ('cityscapes', 'default')
@@ -119,12 +125,58 @@ def color_map(num_classes, custom_color=None, cityscapes=False):
     return colors
 
 
-def _read_image(path):
-    image = cv2.imread(path, cv2.IMREAD_COLOR)
-    if image is None:
-        raise DatasetError(f'image {path} cannot be read (corrupt or not an image): replace it or '
-                           'leave it out of --image_path.')
-    return image
+class UnreadableImagesError(DatasetError):
+    """Some input images could not be read; every other one was predicted and written.
+
+    Attributes:
+        unreadable (list): paths of the images that could not be read.
+        written (list): the outputs that were written.
+    """
+
+    def __init__(self, unreadable, total, written, save_dir):
+        self.unreadable, self.written = list(unreadable), list(written)
+        done = f'{len(self.written)} of {total} images written to {save_dir}'
+        if len(self.unreadable) == 1:
+            what = (f'image {self.unreadable[0]} cannot be read (corrupt or not an image): '
+                    'replace it or leave it out of --image_path.')
+        else:
+            names = ', '.join(self.unreadable[:3])
+            if len(self.unreadable) > 3:
+                names += f' and {len(self.unreadable) - 3} more (listed above)'
+            what = (f'{len(self.unreadable)} images cannot be read (corrupt or not images): '
+                    f'{names}; replace them or leave them out of --image_path.')
+        super().__init__(f'{done}; {what}')
+
+
+def check_save_dir(save_dir, flag='--save_dir'):
+    """Raises ConfigError unless ``save_dir`` is a folder or can be made one.
+
+    Checked before any work, so that a file in the way (``--save_dir out.png``)
+    is named at once rather than as a NotADirectoryError after the first image.
+    """
+    path = os.path.abspath(save_dir)
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise ConfigError(f'{flag} {save_dir} is a file, not a folder: pass a folder (it is '
+                          'created when missing) or move the file away.')
+    parent = path
+    while not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise ConfigError(f'{flag} {save_dir} cannot be created: {parent} is a file, not a '
+                          'folder; pass a path below a folder.')
+
+
+def _make_dirs(path):
+    try:
+        os.makedirs(path, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as error:
+        raise ConfigError(f'cannot create the folder {path}: {error.strerror} (a file is in '
+                          'the way); move it or pass another --save_dir.') from error
+
+
+def read_image(path):
+    """The BGR image at ``path``, or None when OpenCV cannot read it (corrupt, not an image)."""
+    return cv2.imread(path, cv2.IMREAD_COLOR)
 
 
 def save_prediction(label, image, relative, save_dir, colors):
@@ -144,7 +196,7 @@ def save_prediction(label, image, relative, save_dir, colors):
                                os.path.splitext(relative)[0] + '.png')
     added_path = os.path.join(save_dir, 'added_prediction', relative)
     for path in (pseudo_path, added_path):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        _make_dirs(os.path.dirname(path))
     mask = Image.fromarray(label)  # mode L; putpalette turns it into a palette image
     mask.putpalette(colors)
     mask.save(pseudo_path)
@@ -180,19 +232,29 @@ def predict(model, transforms, image_list, save_dir='output/result', aug_pred=Fa
 
     Returns:
         list: ``(pseudo colour path, overlay path)`` written by this rank.
+
+    Raises:
+        UnreadableImagesError: after every readable image is written, when some
+            could not be read (each is also logged as it is skipped).
+        infer.InferenceMemoryError: before an image too large for the memory runs.
     """
     logger = logger or get_logger()
+    check_save_dir(save_dir)
     if is_slide:
         crop_size, stride = infer.check_slide_args(crop_size, stride)
     colors = colors or color_map(19, cityscapes=True)
     compose = Compose(list(transforms))
     model.eval()
     mine = image_list[dist.rank()::dist.world_size()]
-    written = []
+    written, unreadable = [], []
     logger.info(f'Predicting {len(image_list)} images into {save_dir} ...')
     with paddle.no_grad():
         for path, relative in mine:
-            image = _read_image(path)
+            image = read_image(path)
+            if image is None:
+                logger.error(f'cannot read image {path} (corrupt or not an image); skipped.')
+                unreadable.append(path)
+                continue
             data = compose({'img': image.astype('float32'), 'trans_info': []})
             tensor = paddle.to_tensor(data['img'][np.newaxis])
             if aug_pred:
@@ -210,6 +272,8 @@ def predict(model, transforms, image_list, save_dir='output/result', aug_pred=Fa
             written.append(save_prediction(pred, image, relative, save_dir, colors))
     logger.info(f'Predicted images are saved in {os.path.join(save_dir, "added_prediction")} '
                 f'and {os.path.join(save_dir, "pseudo_color_prediction")} .')
+    if unreadable:
+        raise UnreadableImagesError(unreadable, len(mine), written, save_dir)
     return written
 
 
@@ -227,7 +291,12 @@ def predict_from_config(config, model_path, image_path, save_dir='output/result'
     dist.init_parallel()
     logger = get_logger()
     resolve_weights_path(model_path)  # a wrong path fails before any building
+    check_save_dir(save_dir)
     cfg = load_config(config, opts=opts)
+    check_inference_flags(dict(aug_pred=aug_pred, scales=scales, flip_horizontal=flip_horizontal,
+                               flip_vertical=flip_vertical, is_slide=is_slide,
+                               crop_size=crop_size, stride=stride),
+                          '--aug_pred', cfg.dic.get('test_config'))
     image_list = get_image_list(image_path)
     builder = ComponentBuilder(cfg)
     model = builder.model

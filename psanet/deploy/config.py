@@ -1,12 +1,13 @@
 """Reads ``deploy.yaml``, the description ``export.py`` writes next to an exported model."""
 import json
 import os
+import struct
 
 import yaml
 
 from psanet.core.errors import UserError
 
-__all__ = ['DeployConfig', 'DeployError', 'graph_holds_custom_op']
+__all__ = ['DeployConfig', 'DeployError', 'graph_holds_custom_op', 'check_params_file']
 
 CUSTOM_OP_NAME = 'psa_mask'
 
@@ -39,6 +40,107 @@ def graph_holds_custom_op(model_file):
         elif isinstance(node, list):
             stack.extend(node)
     return False
+
+
+# Bytes per element of Paddle's VarType data types (framework.proto) that a
+# parameters file may hold.
+_ELEMENT_BYTES = {0: 1, 1: 2, 2: 4, 3: 8, 4: 2, 5: 4, 6: 8, 20: 1, 21: 1, 22: 2, 23: 8, 24: 16}
+
+
+def _varint(data, pos):
+    value = shift = 0
+    while True:
+        if pos >= len(data):
+            raise ValueError('truncated varint')
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            return value, pos
+
+
+def _tensor_desc(data):
+    """(data type, dims) of a serialised VarType.TensorDesc (1: data_type, 2: dims)."""
+    pos, data_type, dims = 0, None, []
+    while pos < len(data):
+        key, pos = _varint(data, pos)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _varint(data, pos)
+            if field == 1:
+                data_type = value
+            elif field == 2:
+                dims.append(value)
+        elif wire == 2:  # packed dims
+            length, pos = _varint(data, pos)
+            end = pos + length
+            while pos < end:
+                value, pos = _varint(data, pos)
+                if field == 2:
+                    dims.append(value)
+        else:
+            raise ValueError(f'unexpected wire type {wire}')
+    return data_type, dims
+
+
+class _CutShort(Exception):
+    pass
+
+
+def check_params_file(path):
+    """Raises DeployError when ``path`` (a ``model.pdiparams``) ends inside a tensor.
+
+    The file holds the tensors ``paddle.jit.save`` wrote one after another, each
+    ``uint32 version, uint64 lod_level, lod_level x (uint64 size, bytes),
+    uint32 version, int32 desc size, TensorDesc, data`` (Paddle's
+    ``TensorToStream``). Paddle Inference says only "Cannot read tensor desc
+    size" for a file cut short, and loads one cut inside its last tensor
+    without a word; walking the headers (the data is skipped, not read) names
+    the file and the fix. A layout this walk does not know passes unchecked.
+    """
+    size = os.path.getsize(path)
+    fix = ('it was cut short (an interrupted copy or download, or a full disk); export the '
+           'model again (python export.py --config <config> --model_path <weights> '
+           f'--save_dir {os.path.dirname(path) or "."}), or copy the whole file again.')
+    if size == 0:
+        raise DeployError(f'the parameters file {path} is empty: {fix}')
+    with open(path, 'rb') as f:
+        def read(count):
+            data = f.read(count)
+            if len(data) < count:
+                raise _CutShort
+            return data
+
+        tensors = start = 0
+        try:
+            while f.tell() < size:
+                start = f.tell()
+                version, lod_level = struct.unpack('<IQ', read(12))
+                if version != 0 or lod_level > 8:
+                    return
+                for _ in range(lod_level):
+                    f.seek(struct.unpack('<Q', read(8))[0], os.SEEK_CUR)
+                version, desc_size = struct.unpack('<Ii', read(8))
+                if version != 0 or not 0 <= desc_size < 4096:
+                    return
+                try:
+                    data_type, dims = _tensor_desc(read(desc_size))
+                except ValueError:
+                    return
+                if data_type not in _ELEMENT_BYTES or any(d >= 2 ** 40 for d in dims):
+                    return
+                numel = 1
+                for d in dims:
+                    numel *= d
+                end = f.tell() + numel * _ELEMENT_BYTES[data_type]
+                if end > size:
+                    raise _CutShort
+                f.seek(end)
+                tensors += 1
+        except _CutShort:
+            raise DeployError(f'the parameters file {path} ({size} bytes) ends inside its tensor '
+                              f'#{tensors + 1}, which starts at byte {start}: {fix}') from None
 
 
 class DeployConfig:

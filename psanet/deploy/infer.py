@@ -3,13 +3,15 @@
 Writes, like ``predict.py``, ``<save_dir>/pseudo_color_prediction/<rel>.png``
 (palette PNG of class ids) and ``<save_dir>/added_prediction/<rel>`` (the
 image blended with the class colours), and with ``benchmark=True`` prints the
-preprocess / inference / postprocess time per image as a table.
+preprocess / inference / postprocess time per image as a table. An image that
+cannot be read is reported and skipped; the others are still written, and the
+run ends with ``UnreadableImagesError`` naming the skipped ones.
 """
 import os
 
-
 from psanet.core.logger import get_logger
-from psanet.core.predict import color_map, get_image_list, save_prediction
+from psanet.core.predict import (UnreadableImagesError, check_save_dir, color_map,
+                                 get_image_list, read_image, save_prediction)
 
 from .config import DeployConfig, DeployError
 from .predictor import PaddleRunner
@@ -23,9 +25,27 @@ __all__ = ['infer']
 WARMUP_RUNS = 3
 
 
-def _batches(items, batch_size):
-    for start in range(0, len(items), batch_size):
-        yield items[start:start + batch_size]
+def _readable_batches(images, batch_size, unreadable, logger, timer):
+    """Batches of ``(image, relative path)`` of the images that can be read.
+
+    Images are read as the batches are consumed, the reading timed as part of
+    'preprocess'; each one that cannot be read is logged, appended to
+    ``unreadable`` and left out, so that the batches after it still run.
+    """
+    batch = []
+    for path, relative in images:
+        with timer.stage('preprocess'):
+            image = read_image(path)
+        if image is None:
+            logger.error(f'cannot read image {path} (corrupt or not an image); skipped.')
+            unreadable.append(path)
+            continue
+        batch.append((image, relative))
+        if len(batch) == batch_size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
 def infer(config, image_path, save_dir='./output', batch_size=1, device='cpu', use_trt=False,
@@ -46,10 +66,15 @@ def infer(config, image_path, save_dir='./output', batch_size=1, device='cpu', u
 
     Returns:
         dict: ``{'written': [(pseudo, overlay), ...], 'times': {stage: (mean, p50, p90)}}``.
+
+    Raises:
+        UnreadableImagesError: after every readable image is written, when some
+            could not be read (each is also logged as it is skipped).
     """
     logger = logger or get_logger()
     if int(batch_size) < 1:
         raise DeployError(f'--batch_size must be >= 1, got {batch_size}.')
+    check_save_dir(save_dir)
     deploy = DeployConfig(config)
     images = get_image_list(image_path)
     transforms = deploy.build_transforms()
@@ -59,31 +84,33 @@ def infer(config, image_path, save_dir='./output', batch_size=1, device='cpu', u
     logger.info(f'Inferring {len(images)} images with {deploy.model} on {device} '
                 f'(batch size {batch_size}, oneDNN {"on" if enable_mkldnn else "off"}) ...')
     colors = color_map(deploy.num_classes, cityscapes=deploy.palette == 'cityscapes')
-    if benchmark:
-        first = [path for path, _ in images[:batch_size]]
-        for _ in range(WARMUP_RUNS):
-            batch, infos, _ = preprocess(first, transforms)
-            postprocess(runner.run(batch), deploy.output_op, infos)
     timer = StageTimer()
-    written = []
-    for chunk in _batches(images, int(batch_size)):
-        paths = [path for path, _ in chunk]
+    written, unreadable = [], []
+    for number, chunk in enumerate(_readable_batches(images, int(batch_size), unreadable,
+                                                     logger, timer)):
+        originals = [image for image, _ in chunk]
+        if benchmark and number == 0:
+            for _ in range(WARMUP_RUNS):
+                batch, infos, _ = preprocess(originals, transforms)
+                postprocess(runner.run(batch), deploy.output_op, infos)
         with timer.stage('preprocess'):
-            batch, infos, originals = preprocess(paths, transforms)
+            batch, infos, _ = preprocess(originals, transforms)
         with timer.stage('inference'):
             output = runner.run(batch)
         with timer.stage('postprocess'):
             labels = postprocess(output, deploy.output_op, infos)
         timer.end_batch(len(chunk))
-        for label, image, (_, relative) in zip(labels, originals, chunk):
+        for label, (image, relative) in zip(labels, chunk):
             written.append(save_prediction(label, image, relative, save_dir, colors))
     logger.info(f'Results are saved in {os.path.join(save_dir, "pseudo_color_prediction")} '
                 f'and {os.path.join(save_dir, "added_prediction")} .')
     times = timer.summary()
     if benchmark:
         prefix = f'{model_name}: ' if model_name else ''
-        title = (f'{prefix}ms per image over {len(images)} images, batch size {batch_size}, '
+        title = (f'{prefix}ms per image over {len(written)} images, batch size {batch_size}, '
                  f'{device}, oneDNN {"on" if enable_mkldnn else "off"}, '
                  f'{cpu_threads} threads, {precision}:')
         print(format_table(times, title), flush=True)
+    if unreadable:
+        raise UnreadableImagesError(unreadable, len(images), written, save_dir)
     return {'written': written, 'times': times}

@@ -20,7 +20,7 @@ import os
 
 import numpy as np
 
-from .config import DeployConfig, DeployError
+from .config import DeployConfig, DeployError, check_params_file
 
 __all__ = ['create_predictor', 'PaddleRunner', 'OnnxRunner', 'load_custom_op']
 
@@ -74,6 +74,7 @@ def create_predictor(deploy, device='cpu', enable_mkldnn=False, cpu_threads=1,
         raise DeployError(f"--device must be 'cpu' or 'gpu', got {device!r}.")
     if precision not in PRECISIONS:
         raise DeployError(f'--precision must be one of {PRECISIONS}, got {precision!r}.')
+    check_params_file(deploy.params)
     if deploy.holds_custom_op:
         load_custom_op()
     config = inference.Config(deploy.model, deploy.params)
@@ -88,8 +89,9 @@ def create_predictor(deploy, device='cpu', enable_mkldnn=False, cpu_threads=1,
     try:
         return inference.create_predictor(config)
     except Exception as error:
-        raise DeployError(f'creating the Paddle Inference predictor for {deploy.model} '
-                          f'failed: {_error_summary(error)}') from error
+        raise DeployError(f'creating the Paddle Inference predictor from {deploy.model} and '
+                          f'{deploy.params} failed: {_error_summary(error)}. If the files were '
+                          f'copied or edited, export the model again with export.py.') from error
 
 
 def _configure_cpu(config, enable_mkldnn, cpu_threads, use_trt, precision):

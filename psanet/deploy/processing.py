@@ -8,10 +8,11 @@ __all__ = ['preprocess', 'postprocess', 'restore_label_map']
 
 
 def preprocess(image_paths, transforms):
-    """Reads images and applies the val transforms.
+    """Reads images (unless given read) and applies the val transforms.
 
     Args:
-        image_paths (list[str]): Image files (any format OpenCV reads).
+        image_paths (list[str | np.ndarray]): Image files (any format OpenCV reads), or
+            BGR images already read.
         transforms (paddleseg.transforms.Compose): From ``DeployConfig.build_transforms()``.
 
     Returns:
@@ -20,7 +21,7 @@ def preprocess(image_paths, transforms):
     """
     inputs, infos, images = [], [], []
     for path in image_paths:
-        image = cv2.imread(path, cv2.IMREAD_COLOR)
+        image = path if isinstance(path, np.ndarray) else cv2.imread(path, cv2.IMREAD_COLOR)
         if image is None:
             raise DeployError(f'cannot read the image {path}: missing, empty or not an image.')
         data = transforms({'img': image.astype('float32'), 'trans_info': []})
@@ -29,8 +30,9 @@ def preprocess(image_paths, transforms):
         infos.append(list(data['trans_info']))
     shapes = {img.shape for img in inputs}
     if len(shapes) > 1:
+        names = [p if isinstance(p, str) else 'an image' for p in image_paths]
         raise DeployError(f'the images of one batch must have one size after the transforms, '
-                          f'got {sorted(shapes)} for {image_paths}; use --batch_size 1.')
+                          f'got {sorted(shapes)} for {names}; use --batch_size 1.')
     return np.ascontiguousarray(np.stack(inputs), dtype='float32'), infos, images
 
 

@@ -100,6 +100,25 @@ def _check_custom_place(x):
                          "impl='paddle'.")
 
 
+@contextlib.contextmanager
+def _explain_out_of_memory(x):
+    """Turns Paddle's allocation failure for the op output into a MemoryError naming its size."""
+    try:
+        yield
+    except MemoryError as error:
+        if not paddle.in_dynamic_mode():
+            raise
+        n, _, h, w = (int(s) for s in x.shape)
+        size = n * (h * w) ** 2 * x.element_size()
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        raise MemoryError(
+            f'psa_mask: its output [N, H*W, H, W] = [{n}, {h * w}, {h}, {w}] '
+            f'{str(x.dtype).replace("paddle.", "")} needs {size / 2 ** 30:.1f} GiB, which '
+            f'could not be allocated ({lines[0] if lines else "out of memory"}). The map '
+            f'grows with the 4th power of the input side: run the network on smaller inputs '
+            f'(sliding windows) or shrink the feature map more.') from error
+
+
 @paddle.jit.not_to_static
 def psa_mask(x, psa_type, mask_size, impl=None):
     """Spreads local attention over a window into a dense point-wise attention map.
@@ -118,6 +137,10 @@ def psa_mask(x, psa_type, mask_size, impl=None):
         distribute: ``Y[n, p, q] = x[n, k, h, w]``, where ``p = (h, w)`` and
         ``q = (h + i - (mask_h-1)//2, w + j - (mask_w-1)//2)``; cells whose ``q``
         falls off the map are dropped and every other entry is 0.
+
+    Raises:
+        MemoryError: when the output cannot be allocated; the message gives its
+            shape and size (it grows with ``(H*W)**2``).
     """
     psa_type = normalize_psa_type(psa_type)
     mask_h, mask_w = normalize_mask_size(mask_size)
@@ -125,11 +148,13 @@ def psa_mask(x, psa_type, mask_size, impl=None):
     _check_impl(impl)
     _check_input(x, mask_h, mask_w)
     if impl == 'paddle':
-        return _psa_mask_gather(x, psa_type, mask_h, mask_w)
+        with _explain_out_of_memory(x):
+            return _psa_mask_gather(x, psa_type, mask_h, mask_w)
     _check_custom_place(x)
     load_library()
     if paddle.framework.in_dynamic_or_pir_mode():
-        return paddle._C_ops._run_custom_op('psa_mask', x, psa_type, mask_h, mask_w)[0]
+        with _explain_out_of_memory(x):
+            return paddle._C_ops._run_custom_op('psa_mask', x, psa_type, mask_h, mask_w)[0]
     from paddle.base.layer_helper import LayerHelper
     helper = LayerHelper('psa_mask', **locals())
     out = helper.create_variable(dtype=x.dtype)

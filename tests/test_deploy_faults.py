@@ -1,0 +1,176 @@
+"""deploy/python/infer.py under bad inputs: a cut-short model.pdiparams, missing or broken
+export files, a --save_dir that is a file, and unreadable images among good ones."""
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+
+import cv2
+import numpy as np
+import paddle
+import pytest
+from PIL import Image
+
+from conftest import MINI_PSANET_RTOL, ROOT, assert_logits_agree
+from engine_helpers import build_config_model
+from psanet.deploy.config import check_params_file
+from psanet.export import export_model
+
+INFER = os.path.join(ROOT, 'deploy', 'python', 'infer.py')
+IMAGE_SIZE = (96, 64)  # width, height
+
+
+def infer_in_process(capfd, *args):
+    """deploy/python/infer.py's flag parsing and main call in this process: (code, out, err)."""
+    spec = importlib.util.spec_from_file_location('infer_script', INFER)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    capfd.readouterr()
+    code = script.run_cli(script.infer, **vars(script.parse_args([str(a) for a in args])))
+    out, err = capfd.readouterr()
+    return code, out, err
+
+
+def write_image(path, seed):
+    small = np.random.RandomState(seed).randint(0, 256, (4, 6, 3)).astype('uint8')
+    cv2.imwrite(str(path), cv2.resize(small, IMAGE_SIZE, interpolation=cv2.INTER_CUBIC))
+    return str(path)
+
+
+@pytest.fixture(scope='module')
+def exported(tmp_path_factory):
+    """The mini PSANet and its pure-Paddle argmax export."""
+    root = tmp_path_factory.mktemp('deploy_faults')
+    _, model = build_config_model(seed=3)
+    model.eval()
+    save_dir = str(root / 'export')
+    export_model(model, [{'type': 'Normalize'}], save_dir, psa_impl='paddle', num_classes=19)
+    return model, save_dir
+
+
+def copy_export(source, target, cut_params=None, cut_model=None):
+    """A copy of an export, with model.pdiparams / model.json cut to so many bytes."""
+    os.makedirs(target)
+    for name in ('deploy.yaml', 'model.json', 'model.pdiparams'):
+        shutil.copy(os.path.join(source, name), target)
+    for name, cut in (('model.pdiparams', cut_params), ('model.json', cut_model)):
+        if cut is not None:
+            path = os.path.join(target, name)
+            with open(path, 'rb') as f:
+                data = f.read()
+            with open(path, 'wb') as f:
+                f.write(data[:cut])
+    return os.path.join(target, 'deploy.yaml')
+
+
+def test_a_complete_parameters_file_passes(exported):
+    check_params_file(os.path.join(exported[1], 'model.pdiparams'))
+
+
+@pytest.mark.parametrize('cut', ['empty', 'header', 'middle', 'last tensor'])
+def test_cut_short_parameters_are_named(exported, tmp_path, capfd, cut):
+    _, save_dir = exported
+    size = os.path.getsize(os.path.join(save_dir, 'model.pdiparams'))
+    keep = {'empty': 0, 'header': 10, 'middle': size // 3, 'last tensor': size - 100}[cut]
+    deploy = copy_export(save_dir, str(tmp_path / 'cut'), cut_params=keep)
+    params = os.path.join(tmp_path, 'cut', 'model.pdiparams')
+    image = write_image(tmp_path / 'a.png', 0)
+    code, out, err = infer_in_process(capfd, '--config', deploy, '--image_path', image,
+                                      '--save_dir', tmp_path / 'out')
+    assert code == 2 and 'Traceback' not in err
+    line, = err.strip().splitlines()
+    assert line.startswith(f'error: the parameters file {params} ')
+    assert 'export the model again' in line and 'export.py' in line
+    assert not (tmp_path / 'out').exists()
+
+
+def test_cut_short_parameters_on_the_command_line(exported, tmp_path):
+    """The case as reported: infer.py said only '(Unavailable) Cannot read tensor desc size'."""
+    _, save_dir = exported
+    deploy = copy_export(save_dir, str(tmp_path / 'cut'), cut_params=1000000)
+    image = write_image(tmp_path / 'a.png', 0)
+    done = subprocess.run([sys.executable, INFER, '--config', deploy, '--image_path', image,
+                           '--save_dir', str(tmp_path / 'out')], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 2
+    errors = [line for line in done.stderr.splitlines() if line.startswith('error:')]
+    assert len(errors) == 1 and 'Traceback' not in done.stderr
+    assert os.path.join(tmp_path, 'cut', 'model.pdiparams') in errors[0]
+    assert 'export.py' in errors[0]
+
+
+def test_missing_and_broken_export_files_are_named(exported, tmp_path, capfd):
+    _, save_dir = exported
+    image = write_image(tmp_path / 'a.png', 0)
+    cases = []
+    deploy = copy_export(save_dir, str(tmp_path / 'no_params'))
+    os.remove(os.path.join(tmp_path, 'no_params', 'model.pdiparams'))
+    cases.append((deploy, ['model file not found', 'model.pdiparams', 'Export']))
+    deploy = copy_export(save_dir, str(tmp_path / 'no_graph'))
+    os.remove(os.path.join(tmp_path, 'no_graph', 'model.json'))
+    cases.append((deploy, ['model file not found', 'model.json', 'Export']))
+    deploy = copy_export(save_dir, str(tmp_path / 'cut_graph'), cut_model=1000)
+    cases.append((deploy, ['cannot read the model graph',
+                           os.path.join(tmp_path, 'cut_graph', 'model.json'), 'export.py']))
+    cases.append((str(tmp_path / 'nowhere' / 'deploy.yaml'),
+                  ['deploy config not found', str(tmp_path / 'nowhere' / 'deploy.yaml')]))
+    for deploy, words in cases:
+        code, out, err = infer_in_process(capfd, '--config', deploy, '--image_path', image,
+                                          '--save_dir', tmp_path / 'out')
+        assert code == 2 and 'Traceback' not in err
+        line, = err.strip().splitlines()
+        assert all(word in line for word in words), line
+
+
+def test_save_dir_that_is_a_file(exported, tmp_path, capfd):
+    _, save_dir = exported
+    image = write_image(tmp_path / 'a.png', 0)
+    taken = tmp_path / 'taken'
+    taken.write_text('keep me')
+    code, out, err = infer_in_process(capfd, '--config', save_dir, '--image_path', image,
+                                      '--save_dir', taken)
+    assert code == 2
+    assert err.strip().splitlines() == [
+        f'error: --save_dir {taken} is a file, not a folder: pass a folder (it is created when '
+        'missing) or move the file away.']
+    assert taken.read_text() == 'keep me'
+
+
+def dygraph_logits(model, path):
+    """The model's [C, H, W] logits of an image, with the val Normalize written out in numpy."""
+    rgb = cv2.imread(path)[:, :, ::-1].astype('float32')
+    x = ((rgb / 255.0 - 0.5) / 0.5).transpose(2, 0, 1)[None]
+    with paddle.no_grad():
+        return model(paddle.to_tensor(np.ascontiguousarray(x)))[0].numpy()[0]
+
+
+@pytest.mark.parametrize('batch_size', [1, 2])
+def test_unreadable_images_are_skipped_and_reported(exported, tmp_path, capfd, batch_size):
+    model, save_dir = exported
+    images = tmp_path / 'images'
+    images.mkdir()
+    good = [write_image(images / name, seed) for seed, name in
+            enumerate(['a.png', 'c.png', 'd.jpg'])]
+    bad = str(images / 'b.png')
+    (images / 'b.png').write_bytes(b'\x89PNG\r\n\x1a\n cut short')
+    out = tmp_path / 'out'
+    code, stdout, err = infer_in_process(capfd, '--config', save_dir, '--image_path', images,
+                                         '--save_dir', out, '--batch_size', batch_size,
+                                         '--benchmark', 'True')
+    assert code == 2 and 'Traceback' not in err
+    assert len([line for line in stdout.splitlines() if f'cannot read image {bad}' in line]) == 1
+    # (libpng may add its own line about the file to stderr; ours is the one error line.)
+    assert [line for line in err.splitlines() if line.startswith('error:')] == [
+        f'error: 3 of 4 images written to {out}; image {bad} cannot be read (corrupt or not an '
+        'image): replace it or leave it out of --image_path.']
+    assert 'ms per image over 3 images' in stdout
+    for path in good:
+        name = os.path.basename(path)
+        with Image.open(out / 'pseudo_color_prediction' / (os.path.splitext(name)[0] + '.png')) \
+                as mask:
+            # Another backend or batch adds sums in another order: near-ties may flip.
+            assert_logits_agree(np.asarray(mask), dygraph_logits(model, path),
+                                MINI_PSANET_RTOL, path, class_axis=0)
+        assert cv2.imread(str(out / 'added_prediction' / name)).shape == (64, 96, 3)
+    assert sorted(os.listdir(out / 'added_prediction')) == ['a.png', 'c.png', 'd.jpg']
