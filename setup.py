@@ -3,7 +3,8 @@
     pip install --no-build-isolation .      # Paddle must be importable while building
 
 On a CUDA build of Paddle (paddle.is_compiled_with_cuda()) the CUDA kernels are
-built too; PADDLE_CUDA_ARCH_LIST="8.0;9.0" narrows the architectures.
+built too, for the GPUs Paddle sees, else for Volta to Hopper less what the
+installed nvcc no longer supports; PADDLE_CUDA_ARCH_LIST="8.0;9.0" chooses.
 """
 import os
 import sys

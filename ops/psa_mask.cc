@@ -318,7 +318,10 @@ void psa_mask_backward_cpu(const T* grad_y, T* grad_x, const psa_mask::Geometry&
 
 }  // namespace
 
-#ifdef PADDLE_WITH_CUDA
+// PSA_MASK_WITH_CUDA, not PADDLE_WITH_CUDA: under the latter Paddle's phi/core
+// headers include cuBLAS and cuDNN headers, which a CUDA toolkit alone lacks;
+// this file needs only to know that psa_mask.cu is linked in.
+#ifdef PSA_MASK_WITH_CUDA
 std::vector<paddle::Tensor> psa_mask_cuda_forward(const paddle::Tensor& x, int psa_type,
                                                   int mask_h, int mask_w);
 std::vector<paddle::Tensor> psa_mask_cuda_backward(const paddle::Tensor& grad_y,
@@ -340,7 +343,7 @@ std::vector<paddle::Tensor> PsaMaskForward(const paddle::Tensor& x, int psa_type
                                            int mask_h, int mask_w) {
   check_inputs(x, psa_type, mask_h, mask_w);
   if (x.is_gpu()) {
-#ifdef PADDLE_WITH_CUDA
+#ifdef PSA_MASK_WITH_CUDA
     return psa_mask_cuda_forward(x, psa_type, mask_h, mask_w);
 #else
     PSA_MASK_CHECK(false, "psa_mask: the op library was built without CUDA; rebuild it "
@@ -371,7 +374,7 @@ std::vector<paddle::Tensor> PsaMaskBackward(const paddle::Tensor& grad_y, int ps
                  "psa_mask: the output gradient must be [N, H*W, H, W], got rank ",
                  shape.size(), ".");
   if (grad_y.is_gpu()) {
-#ifdef PADDLE_WITH_CUDA
+#ifdef PSA_MASK_WITH_CUDA
     return psa_mask_cuda_backward(grad_y, psa_type, mask_h, mask_w);
 #else
     PSA_MASK_CHECK(false, "psa_mask: the op library was built without CUDA.");

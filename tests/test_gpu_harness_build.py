@@ -11,7 +11,8 @@ import os
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import ROOT
+
 HARNESS_PATH = os.path.join(ROOT, 'tests', 'gpu', 'run_gpu_checks.py')
 
 

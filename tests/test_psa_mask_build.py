@@ -1,63 +1,268 @@
-"""Building the PSA mask op: the CUDA source compiles, first loads share one build,
-and a missing compiler gives one clear error.
+"""Building the PSA mask op: the CUDA library builds and links end to end for the
+architectures chosen, first loads share one build, loading a built library
+prints no ccache warning, and a missing compiler gives one clear error.
 
-The build tests start fresh Python processes with an empty cache folder, so
-each costs one real build of the library (about 15-30 s).
+The build tests start fresh Python processes or compile into empty folders, so
+each costs one real build of the library (about 10 s for the CPU library,
+30-50 s for the CUDA one on two shared cores).
 """
 import json
 import os
+import re
 import shutil
+import struct
 import subprocess
 import sys
 import textwrap
 
 import numpy as np
-import paddle
 import pytest
 
+from conftest import ROOT
+from psanet.ops import build
 from test_psa_mask import reference_forward
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OPS = os.path.join(REPO, 'ops')
 BUILD_LINE = 'building the psa_mask op'
+ARCH_LINE = 'psanet: building the CUDA kernels for'
 
 
 def find_nvcc():
-    for candidate in (shutil.which('nvcc'), '/usr/local/cuda/bin/nvcc'):
-        if candidate and os.path.isfile(candidate):
+    """The nvcc a CUDA build should find ($NVCC, $CUDA_HOME/bin, $CUDA_PATH/bin, PATH,
+    /usr/local/cuda/bin); None where there is none."""
+    homes = [os.environ.get(v) for v in ('CUDA_HOME', 'CUDA_PATH') if os.environ.get(v)]
+    candidates = [os.environ.get('NVCC')] + [os.path.join(h, 'bin', 'nvcc') for h in homes]
+    candidates += [shutil.which('nvcc'), '/usr/local/cuda/bin/nvcc']
+    for candidate in candidates:
+        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate
     return None
 
 
-def test_cuda_source_compiles(tmp_path):
-    nvcc = find_nvcc()
-    if nvcc is None:
-        pytest.skip('nvcc not found (neither on PATH nor /usr/local/cuda/bin)')
-    include = os.path.join(os.path.dirname(paddle.__file__), 'include')
-    includes = [include, os.path.join(include, 'third_party'),
-                os.path.join(include, 'paddle', 'phi', 'api', 'include', 'compat'), OPS]
-    command = [nvcc, '-c', os.path.join(OPS, 'psa_mask.cu'),
-               '-o', str(tmp_path / 'psa_mask_cu.o'), '-DPADDLE_WITH_CUDA',
-               '-DEIGEN_USE_GPU', '-DPADDLE_NO_PYTHON', '-std=c++17',
-               '--expt-relaxed-constexpr', '-Xcompiler', '-fPIC']
-    command += [f'-I{folder}' for folder in includes]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-5000:]
-    assert (tmp_path / 'psa_mask_cu.o').stat().st_size > 0
+needs_nvcc = pytest.mark.skipif(
+    find_nvcc() is None,
+    reason='nvcc not found ($NVCC, PATH, $CUDA_HOME/bin, /usr/local/cuda/bin): the CUDA '
+           'library cannot be built here')
+needs_binutils = pytest.mark.skipif(
+    not all(shutil.which(tool) for tool in ('nm', 'readelf', 'objcopy')),
+    reason='binutils (nm, readelf, objcopy) not installed')
 
+
+def nvcc_archs(nvcc):
+    """`nvcc --list-gpu-arch`, read here independently of psanet.ops.build."""
+    listing = subprocess.run([nvcc, '--list-gpu-arch'], capture_output=True, text=True,
+                             check=True).stdout
+    return sorted({int(n) for n in re.findall(r'compute_(\d+)', listing)})
+
+
+# ------------------------------------------------ which architectures
+
+CUDA_13 = ['75', '80', '86', '87', '88', '89', '90', '100', '103', '110', '120', '121']
+CUDA_12_4 = ['50', '52', '53', '60', '61', '62', '70', '72', '75', '80', '86', '87', '89',
+             '90']
+
+
+@pytest.mark.parametrize('supported, expected', [
+    (CUDA_13, ['75', '80', '86', '89', '90']),        # Volta dropped
+    (CUDA_12_4, ['70', '75', '80', '86', '89', '90']),
+])
+def test_defaults_are_those_nvcc_supports(supported, expected):
+    archs, ptx, why = build.select_cuda_archs(None, supported, [])
+    assert (archs, ptx) == (expected, ['90'])
+    assert 'defaults' in why
+
+
+def test_defaults_none_supported_is_one_clear_error():
+    with pytest.raises(RuntimeError, match=r'none of the default.*supports 10\.0 12\.0'):
+        build.select_cuda_archs(None, ['100', '120'], [])
+
+
+@pytest.mark.parametrize('requested, archs, ptx', [
+    ('9.0', ['90'], ['90']),
+    ('8.0;9.0', ['80', '90'], ['90']),
+    ('8.6+PTX 9.0', ['86', '90'], ['86', '90']),
+    ('sm_80, 90a', ['80', '90a'], ['90a']),
+    ('12.0', ['120'], ['120']),
+])
+def test_arch_list_overrides_the_defaults_and_the_gpus(requested, archs, ptx):
+    assert build.select_cuda_archs(requested, CUDA_13, ['86'])[:2] == (archs, ptx)
+
+
+def test_arch_list_nvcc_does_not_support_names_the_supported_ones():
+    with pytest.raises(ValueError, match=r"'7\.0;9\.0' asks for 7\.0, which nvcc does not "
+                                         r"support; it supports 7\.5 8\.0 .* 12\.1\."):
+        build.select_cuda_archs('7.0;9.0', CUDA_13, [])
+
+
+@pytest.mark.parametrize('requested', ['hopper', '9', '9.0.1'])
+def test_arch_list_that_is_no_architecture_is_rejected(requested):
+    with pytest.raises(ValueError, match='is not a CUDA architecture'):
+        build.select_cuda_archs(requested, CUDA_13, [])
+
+
+def test_visible_gpus_choose_the_archs():
+    assert build.select_cuda_archs(None, CUDA_13, ['86', '90'])[:2] == (['86', '90'], ['90'])
+    # A GPU newer than nvcc knows runs the PTX of the newest it does.
+    assert build.select_cuda_archs(None, CUDA_12_4, ['86', '120'])[:2] == (
+        ['86', '90'], ['90'])
+    with pytest.raises(RuntimeError, match=r'7\.0 that Paddle sees are older'):
+        build.select_cuda_archs(None, CUDA_13, ['70', '90'])
+
+
+def test_missing_nvcc_is_one_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv('NVCC', str(tmp_path / 'no-such-nvcc'))
+    with pytest.raises(RuntimeError, match='needs nvcc, not found.*no-such-nvcc'):
+        build.compile_library(str(tmp_path / 'op.so'), with_cuda=True)
+    assert not (tmp_path / 'op.so').exists()
+
+
+@needs_nvcc
+def test_arch_list_the_installed_nvcc_lacks_fails_before_compiling(monkeypatch, tmp_path):
+    nvcc = find_nvcc()
+    unsupported = next(n for n in (35, 50, 60, 70, 999) if n not in nvcc_archs(nvcc))
+    monkeypatch.setenv('NVCC', nvcc)
+    monkeypatch.setenv('PADDLE_CUDA_ARCH_LIST', f'{unsupported // 10}.{unsupported % 10}')
+    with pytest.raises(ValueError, match='does not support; it supports'):
+        build.compile_library(str(tmp_path / 'op.so'), with_cuda=True)
+    assert os.listdir(tmp_path) == []
+
+
+# --------------------------------------- the CUDA library, end to end
+
+def fatbin_archs(library, tmp_path):
+    """(SASS, PTX) architectures in the library's .nv_fatbin section.
+
+    The layout cuobjdump reads: a fat binary header (magic 0xBA55ED50, u16
+    version, u16 header size, u64 size), then entries (u16 kind 1 = PTX,
+    2 = ELF; u16 version; u32 header size; u64 payload size; ...; u32 arch at
+    offset 28) each followed by its payload.
+    """
+    section = tmp_path / 'nv_fatbin.bin'
+    subprocess.run(['objcopy', '-O', 'binary', '--only-section=.nv_fatbin', library,
+                    str(section)], check=True)
+    data = section.read_bytes()
+    sass, ptx, offset = [], [], 0
+    while offset + 16 <= len(data):
+        magic, _, header_size, size = struct.unpack_from('<IHHQ', data, offset)
+        assert magic == 0xBA55ED50, f'no fat binary at offset {offset} of .nv_fatbin'
+        entry, end = offset + header_size, offset + header_size + size
+        while entry < end:
+            kind, _, entry_header, payload = struct.unpack_from('<HHIQ', data, entry)
+            arch = struct.unpack_from('<I', data, entry + 28)[0]
+            {1: ptx, 2: sass}[kind].append(arch)
+            entry += entry_header + payload
+        offset = end
+    return sorted(set(sass)), sorted(set(ptx))
+
+
+@pytest.fixture(scope='module')
+def cuda_library(tmp_path_factory):
+    """The CUDA-enabled library, built as setup.py builds it on paddlepaddle-gpu, with
+    the default architectures; (path, the build's stderr)."""
+    if find_nvcc() is None:
+        pytest.skip('nvcc not found ($NVCC, PATH, $CUDA_HOME/bin, /usr/local/cuda/bin)')
+    path = str(tmp_path_factory.mktemp('cuda') / (build.LIBRARY_NAME + '.so'))
+    environment = dict(os.environ, GLOG_minloglevel='2')
+    environment.pop('PADDLE_CUDA_ARCH_LIST', None)
+    result = subprocess.run(
+        [sys.executable, '-c', 'import sys; from psanet.ops import build; '
+         'build.compile_library(sys.argv[1], with_cuda=True)', path],
+        cwd=ROOT, env=environment, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-5000:]
+    return path, result.stderr
+
+
+def expected_archs():
+    """Default list & nvcc's, or the GPUs Paddle sees: (SASS, PTX) as integers."""
+    import paddle
+    if paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count():
+        pytest.skip('Paddle sees GPUs: the library is built for them, not the defaults')
+    supported = nvcc_archs(find_nvcc())
+    sass = [int(a) for a in build.DEFAULT_CUDA_ARCHS if int(a) in supported]
+    return sass, [max(sass)]
+
+
+@needs_binutils
+def test_cuda_library_carries_the_default_archs_nvcc_supports(cuda_library, tmp_path):
+    path, stderr = cuda_library
+    sass, ptx = expected_archs()
+    assert fatbin_archs(path, tmp_path) == (sass, ptx)
+    chosen = [line for line in stderr.splitlines() if line.startswith(ARCH_LINE)]
+    dotted = ' '.join(f'{a // 10}.{a % 10}' for a in sass)
+    assert len(chosen) == 1 and f'for {dotted} (+PTX {dotted.split()[-1]})' in chosen[0], \
+        stderr[-3000:]
+
+
+@needs_binutils
+def test_cuda_library_links_the_launchers_and_cudart(cuda_library):
+    path, _ = cuda_library
+    defined = subprocess.run(['nm', '-D', '-C', '--defined-only', path], capture_output=True,
+                             text=True, check=True).stdout
+    relocations = subprocess.run(['readelf', '-rW', '-C', path], capture_output=True,
+                                 text=True, check=True).stdout
+    for launcher in ('psa_mask_cuda_forward', 'psa_mask_cuda_backward'):
+        assert f' T {launcher}(paddle::Tensor const&, int, int, int)' in defined, launcher
+        # psa_mask.cc dispatches to it: its call goes through the PLT.
+        assert re.search(rf'JUMP_SLOT .* {launcher}\(', relocations), launcher
+    needed = subprocess.run(['readelf', '-d', path], capture_output=True, text=True,
+                            check=True).stdout
+    assert re.search(r'NEEDED.*\[libcudart\.so\.\d+\]', needed), needed
+
+
+def test_cuda_library_loads_and_runs_the_op(cuda_library, tmp_path):
+    """Every symbol resolves (RTLD_NOW), and the loader uses the library: on CPU, and
+    on the GPU where Paddle sees one."""
+    path, _ = cuda_library
+    script = '''
+        import ctypes, os, shutil, sys
+        import numpy as np
+        import paddle
+        from psanet.ops import build, load_library, psa_mask
+        folder = os.path.join(os.environ['PSANET_OPS_CACHE'], build.source_hash())
+        os.makedirs(folder)
+        library = os.path.join(folder, build.LIBRARY_NAME + '.so')
+        shutil.copy(sys.argv[1], library)
+        ctypes.CDLL(library, mode=os.RTLD_NOW)   # the loader then reuses this handle
+        assert load_library() == library, load_library()
+        places = ['cpu'] + (['gpu'] if paddle.device.cuda.device_count() else [])
+        x = np.load(sys.argv[2])
+        for place in places:
+            paddle.set_device(place)
+            y = psa_mask(paddle.to_tensor(x), 'distribute', (3, 4), impl='custom')
+            np.save(os.path.join(os.path.dirname(sys.argv[2]), place + '.npy'), y.numpy())
+        print(' '.join(places))
+    '''
+    x = np.random.default_rng(0).standard_normal((2, 12, 5, 4)).astype('float32')
+    np.save(tmp_path / 'x.npy', x)
+    environment = dict(os.environ, PSANET_OPS_CACHE=str(tmp_path / 'cache'),
+                       PSANET_OPS_FORCE_JIT='1', GLOG_minloglevel='2')
+    result = subprocess.run([sys.executable, '-c', textwrap.dedent(script), path,
+                             str(tmp_path / 'x.npy')], cwd=ROOT, env=environment,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert BUILD_LINE not in result.stderr
+    expected = reference_forward(x, 'distribute', 3, 4)
+    for place in result.stdout.split():
+        np.testing.assert_array_equal(np.load(tmp_path / f'{place}.npy'), expected,
+                                      err_msg=place)
+
+
+# ------------------------------------------------ the CPU library
 
 def start_python(cache, script, **env):
     """A fresh interpreter in the repository, building the op into ``cache``."""
     environment = dict(os.environ, PSANET_OPS_CACHE=str(cache), PSANET_OPS_FORCE_JIT='1',
                        GLOG_minloglevel='2', **env)
-    return subprocess.Popen([sys.executable, '-c', textwrap.dedent(script)], cwd=REPO,
+    return subprocess.Popen([sys.executable, '-c', textwrap.dedent(script)], cwd=ROOT,
                             env=environment, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
 
-def test_processes_starting_together_share_one_build(tmp_path):
+@pytest.fixture(scope='module')
+def shared_build(tmp_path_factory):
+    """Two processes start together on an empty cache: (cache, x, their stderr)."""
+    folder = tmp_path_factory.mktemp('shared')
     x = np.random.default_rng(0).standard_normal((2, 12, 5, 4)).astype('float32')
-    np.save(tmp_path / 'x.npy', x)
+    np.save(folder / 'x.npy', x)
     script = '''
         import numpy as np
         import paddle
@@ -66,16 +271,32 @@ def test_processes_starting_together_share_one_build(tmp_path):
         y = psa_mask(x, 'distribute', (3, 4), impl='custom')
         np.save(r'{folder}/y{k}.npy', y.numpy())
     '''
-    cache = tmp_path / 'cache'
-    processes = [start_python(cache, script.format(folder=tmp_path, k=k)) for k in range(2)]
+    cache = folder / 'cache'
+    processes = [start_python(cache, script.format(folder=folder, k=k)) for k in range(2)]
     outputs = [process.communicate(timeout=600) for process in processes]
     for process, (_, stderr) in zip(processes, outputs):
         assert process.returncode == 0, stderr[-3000:]
-    assert sum(stderr.count(BUILD_LINE) for _, stderr in outputs) == 1, \
-        [stderr for _, stderr in outputs]
+    return folder, x, [stderr for _, stderr in outputs]
+
+
+def test_processes_starting_together_share_one_build(shared_build):
+    folder, x, stderrs = shared_build
+    assert sum(stderr.count(BUILD_LINE) for stderr in stderrs) == 1, stderrs
     expected = reference_forward(x, 'distribute', 3, 4)
     for k in range(2):
-        np.testing.assert_array_equal(np.load(tmp_path / f'y{k}.npy'), expected)
+        np.testing.assert_array_equal(np.load(folder / f'y{k}.npy'), expected)
+
+
+def test_loading_a_built_library_prints_nothing(shared_build):
+    """No build line, and not Paddle's "No ccache found" warning, which every
+    ``import paddle`` of Paddle 3.x prints and which came before every real error."""
+    folder, _, _ = shared_build
+    process = start_python(folder / 'cache',
+                           'from psanet.ops import load_library; print(load_library())')
+    stdout, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr[-3000:]
+    assert stdout.strip().startswith(str(folder / 'cache')), stdout
+    assert BUILD_LINE not in stderr and 'ccache' not in stderr.lower(), stderr
 
 
 def test_missing_compiler_is_one_clear_error(tmp_path):

@@ -8,7 +8,7 @@ import zipfile
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import ROOT
 
 CHECK = r'''
 import numpy as np, paddle, sys

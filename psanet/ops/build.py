@@ -5,8 +5,11 @@ package) and the loader (just in time, into a cache folder keyed by the
 sources' hash). Both write the library atomically, so a reader never sees a
 half-written file.
 """
+import glob
 import hashlib
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -16,9 +19,12 @@ LIBRARY_NAME = 'psa_mask_op'
 _HEADER = 'psa_mask_kernel.h'
 _CPU_SOURCE = 'psa_mask.cc'
 _CUDA_SOURCE = 'psa_mask.cu'
-# Architectures built when PADDLE_CUDA_ARCH_LIST is unset: Volta to Hopper, plus
-# PTX of the newest for what comes after.
-_DEFAULT_CUDA_ARCHS = ('70', '75', '80', '86', '89', '90')
+# Architectures built when PADDLE_CUDA_ARCH_LIST is unset and Paddle sees no
+# GPU, less those the installed nvcc no longer supports (CUDA 13 dropped Volta):
+# Volta to Hopper, plus PTX of the newest for what comes after.
+DEFAULT_CUDA_ARCHS = ('70', '75', '80', '86', '89', '90')
+_ARCH_LIST_FORMS = "'8.0;9.0', '80 90', 'sm_90', '9.0+PTX' or '9.0a'"
+_CHOOSE_OTHERS = 'PADDLE_CUDA_ARCH_LIST="8.0;9.0" chooses others'
 
 
 def default_source_dir():
@@ -78,6 +84,173 @@ def _find_compiler(name, env, install_hint):
     return found
 
 
+# ------------------------------------------------------------------ CUDA
+
+def find_nvcc():
+    """$NVCC; else nvcc of $CUDA_HOME or $CUDA_PATH; else on PATH; else /usr/local/cuda."""
+    homes = [os.environ.get(v) for v in ('CUDA_HOME', 'CUDA_PATH') if os.environ.get(v)]
+    candidates = ([os.path.join(home, 'bin', 'nvcc') for home in homes]
+                  + ['nvcc', '/usr/local/cuda/bin/nvcc'])
+    if os.environ.get('NVCC'):
+        candidates = [os.environ['NVCC']]
+    for candidate in candidates:
+        found = shutil.which(candidate)
+        if found:
+            return found
+    raise RuntimeError(
+        f'building the psa_mask op with CUDA kernels needs nvcc, not found (looked for '
+        f'{", ".join(candidates)}). Install the CUDA toolkit matching your '
+        'paddlepaddle-gpu build, and put its bin/ on PATH or set CUDA_HOME.')
+
+
+def cuda_library_dirs(nvcc):
+    """The folders holding ``libcudart.so`` of the CUDA toolkit that ``nvcc`` belongs to.
+
+    Asked of nvcc itself (``--dryrun`` prints the folders it passes to its own
+    linker): nvcc may be a wrapper script outside the toolkit
+    (``/usr/local/bin/nvcc`` running ``/usr/local/cuda-13.0/bin/nvcc``), and the
+    libraries may sit under ``targets/<platform>/lib``.
+    """
+    result = subprocess.run([nvcc, '--dryrun', '-c', 'psanet_probe.cu'],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    folders = []
+    for line in result.stdout.splitlines():
+        if line.startswith('#$ LIBRARIES='):
+            folders += [flag[2:] for flag in shlex.split(line[len('#$ LIBRARIES='):])
+                        if flag.startswith('-L')]
+    if not folders:   # an nvcc that prints no LIBRARIES: the folders beside its bin/
+        top = os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
+        folders = [os.path.join(top, 'lib64'), os.path.join(top, 'lib')] + glob.glob(
+            os.path.join(top, 'targets', '*', 'lib'))
+    # lib/stubs holds a libcuda.so for linking without a driver: not wanted here.
+    folders = [d for d in _existing(folders) if os.path.basename(d) != 'stubs']
+    if not any(glob.glob(os.path.join(d, 'libcudart.so*')) for d in folders):
+        raise RuntimeError(
+            f'libcudart.so not found in the CUDA toolkit of {nvcc} (looked in: '
+            f'{folders or "no library folder"}). Point CUDA_HOME (or NVCC) at a complete '
+            'CUDA toolkit.')
+    return folders
+
+
+def _existing(folders):
+    unique = []
+    for folder in folders:
+        folder = os.path.normpath(folder)
+        if os.path.isdir(folder) and folder not in unique:
+            unique.append(folder)
+    return unique
+
+
+def supported_cuda_archs(nvcc):
+    """The architectures ``nvcc`` compiles for (``--list-gpu-arch``), e.g. ['75', '80']."""
+    result = subprocess.run([nvcc, '--list-gpu-arch'], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    archs = re.findall(r'^compute_(\d+)\s*$', result.stdout, re.MULTILINE)
+    if result.returncode != 0 or not archs:
+        raise RuntimeError(f'`{nvcc} --list-gpu-arch` did not list the GPU architectures '
+                           f'it supports (CUDA 11 or newer is needed):\n{result.stdout}')
+    return sorted(set(archs), key=int)
+
+
+def visible_gpu_archs():
+    """Compute capabilities of the GPUs Paddle sees, e.g. ['86']; [] on a CPU Paddle."""
+    import paddle
+    if not paddle.is_compiled_with_cuda():
+        return []
+    cuda = paddle.device.cuda
+    return sorted({'%d%d' % tuple(cuda.get_device_capability(i))
+                   for i in range(cuda.device_count())}, key=int)
+
+
+def _parse_arch_list(text):
+    """PADDLE_CUDA_ARCH_LIST ('8.0;9.0+PTX', '80 90a', 'sm_90') -> (['80', '90a'], {'90'})."""
+    archs, ptx = [], set()
+    for token in re.split(r'[;,\s]+', text.strip()):
+        if not token:
+            continue
+        arch = token.lower()
+        with_ptx = arch.endswith('+ptx')
+        arch = re.sub(r'^(sm_|compute_)', '', arch[:-4] if with_ptx else arch)
+        match = re.fullmatch(r'(\d+)\.(\d)([af]?)|(\d{2,3})([af]?)', arch)
+        if match is None:
+            raise ValueError(f'PADDLE_CUDA_ARCH_LIST={text!r}: {token!r} is not a CUDA '
+                             f'architecture; write them as {_ARCH_LIST_FORMS}.')
+        major, minor, suffix, number, number_suffix = match.groups()
+        arch = (major + minor + suffix) if number is None else (number + number_suffix)
+        if arch not in archs:
+            archs.append(arch)
+        if with_ptx:
+            ptx.add(arch)
+    if not archs:
+        raise ValueError(f'PADDLE_CUDA_ARCH_LIST={text!r} names no architecture.')
+    return archs, ptx
+
+
+def _number(arch):
+    return int(arch.rstrip('af'))
+
+
+def _dotted(archs):
+    return ' '.join(f'{_number(a) // 10}.{_number(a) % 10}{a[-1] if a[-1] in "af" else ""}'
+                    for a in archs)
+
+
+def select_cuda_archs(requested, supported, visible, nvcc='nvcc'):
+    """Which architectures to build: ``(sass, ptx, why)``.
+
+    ``requested`` (PADDLE_CUDA_ARCH_LIST) wins and must be ones ``supported``
+    (nvcc's list) holds (else ValueError); else the ``visible`` GPUs' (a GPU
+    newer than nvcc knows runs the PTX of the newest it does; one older is a
+    RuntimeError); else the default list, less what ``supported`` lacks. PTX
+    of the newest architecture is always embedded, so later GPUs can JIT it.
+    """
+    supported_numbers = {_number(a) for a in supported}
+    if requested:
+        archs, ptx = _parse_arch_list(requested)
+        unknown = [a for a in archs if _number(a) not in supported_numbers]
+        if unknown:
+            raise ValueError(
+                f'PADDLE_CUDA_ARCH_LIST={requested!r} asks for {_dotted(unknown)}, which '
+                f'{nvcc} does not support; it supports {_dotted(supported)}.')
+        why = 'as PADDLE_CUDA_ARCH_LIST asks'
+    elif visible:
+        oldest, newest = min(supported_numbers), max(supported_numbers)
+        too_old = [a for a in visible if _number(a) < oldest]
+        if too_old:
+            raise RuntimeError(
+                f'the GPU(s) of compute capability {_dotted(too_old)} that Paddle sees are '
+                f'older than anything {nvcc} supports ({_dotted(supported)}): install a '
+                'CUDA toolkit that still supports them, or set PADDLE_CUDA_ARCH_LIST.')
+        archs = [a for a in visible if _number(a) in supported_numbers]
+        if any(_number(a) > newest for a in visible):
+            # Not yet known to this nvcc: such a GPU JITs the PTX of the newest.
+            archs.append(max(supported, key=int))
+        archs, ptx = sorted(set(archs), key=_number), set()
+        why = f'the GPUs Paddle sees; {_CHOOSE_OTHERS}'
+    else:
+        archs = [a for a in DEFAULT_CUDA_ARCHS if _number(a) in supported_numbers]
+        if not archs:
+            raise RuntimeError(f'{nvcc} supports none of the default architectures '
+                             f'({_dotted(DEFAULT_CUDA_ARCHS)}); it supports '
+                             f'{_dotted(supported)}. Set PADDLE_CUDA_ARCH_LIST.')
+        archs, ptx = list(archs), set()
+        why = f'the defaults that {nvcc} supports; {_CHOOSE_OTHERS}'
+    newest = max(archs, key=_number)
+    return archs, sorted(ptx | {newest}, key=_number), why
+
+
+def cuda_arch_flags(nvcc):
+    """nvcc's -gencode flags; prints one line saying which architectures and why."""
+    archs, ptx, why = select_cuda_archs(os.environ.get('PADDLE_CUDA_ARCH_LIST'),
+                                        supported_cuda_archs(nvcc), visible_gpu_archs(), nvcc)
+    print(f'psanet: building the CUDA kernels for {_dotted(archs)} (+PTX {_dotted(ptx)}): '
+          f'{why}', file=sys.stderr, flush=True)
+    return ([f'-gencode=arch=compute_{a},code=sm_{a}' for a in archs]
+            + [f'-gencode=arch=compute_{a},code=compute_{a}' for a in ptx])
+
+
+# ----------------------------------------------------------------- build
+
 def compile_library(output_path, source_dir=None, with_cuda=None, verbose=False):
     """Builds the op library into ``output_path`` (written atomically)."""
     from paddle.utils.cpp_extension import extension_utils as eu
@@ -86,35 +259,37 @@ def compile_library(output_path, source_dir=None, with_cuda=None, verbose=False)
     with_cuda = with_cuda_default() if with_cuda is None else with_cuda
     sources = _sources(source_dir, with_cuda)
     cxx = _find_compiler('c++', 'CXX', 'Install a C++17 compiler (e.g. `apt install g++`).')
-    includes = [f'-I{d}' for d in [source_dir] + eu.find_paddle_includes(with_cuda)
-                + eu.find_python_includes()]
+    # PADDLE_NO_PYTHON: the library is registered through Paddle's op registry
+    # and needs no Python bindings (paddle/extension.h would include pybind.h).
     defines = ['-DPADDLE_WITH_CUSTOM_KERNEL', f'-DPADDLE_EXTENSION_NAME={LIBRARY_NAME}',
-               '-D_GLIBCXX_USE_CXX11_ABI=1']
+               '-D_GLIBCXX_USE_CXX11_ABI=1', '-DPADDLE_NO_PYTHON']
+    includes = [f'-I{d}' for d in [source_dir] + eu.find_paddle_includes(False)
+                + eu.find_python_includes()]
+    lib_dirs = _existing(eu.find_paddle_libraries(False))
+    cxx_defines = defines
     if with_cuda:
-        defines += ['-DPADDLE_WITH_CUDA', '-DEIGEN_USE_GPU']
-    lib_dirs = eu.find_paddle_libraries(with_cuda)
+        # Only the .cu sees PADDLE_WITH_CUDA: under it Paddle's phi/core headers,
+        # which psa_mask.cc includes, want cuBLAS and cuDNN headers that a CUDA
+        # toolkit alone does not ship (Paddle 3.3.1). psa_mask.cc needs only to
+        # know that the CUDA launchers are there.
+        cxx_defines = defines + ['-DPSA_MASK_WITH_CUDA']
+        nvcc = find_nvcc()
+        lib_dirs += [d for d in cuda_library_dirs(nvcc) if d not in lib_dirs]
+        gencode = cuda_arch_flags(nvcc)
 
     out_dir = os.path.dirname(os.path.abspath(output_path))
     os.makedirs(out_dir, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir, prefix='.build-') as tmp:
         objects = []
         if with_cuda:
-            nvcc = _find_compiler(
-                os.path.join(eu.find_cuda_home() or '', 'bin', 'nvcc'), 'NVCC',
-                'Install the CUDA toolkit matching your paddlepaddle-gpu build.')
-            archs = os.environ.get('PADDLE_CUDA_ARCH_LIST')
-            archs = ([a.replace('.', '') for a in archs.replace(';', ' ').replace(
-                ',', ' ').split()] if archs else list(_DEFAULT_CUDA_ARCHS))
-            gencode = [f'-gencode=arch=compute_{a},code=sm_{a}' for a in archs]
-            gencode.append(f'-gencode=arch=compute_{archs[-1]},code=compute_{archs[-1]}')
             cuda_object = os.path.join(tmp, 'psa_mask_cu.o')
             _run([nvcc, '-c', sources[-1], '-o', cuda_object, '-O3', '-std=c++17',
-                  '--expt-relaxed-constexpr', '-Xcompiler', '-fPIC', '-w',
-                  '-DPADDLE_NO_PYTHON'] + gencode + defines + includes, verbose)
+                  '--expt-relaxed-constexpr', '-Xcompiler', '-fPIC', '-w'] + gencode + defines
+                 + ['-DPADDLE_WITH_CUDA', '-DEIGEN_USE_GPU'] + includes, verbose)
             objects.append(cuda_object)
         cpu_object = os.path.join(tmp, 'psa_mask.o')
         _run([cxx, '-c', sources[1], '-o', cpu_object, '-O3', '-std=c++17', '-fPIC', '-w',
-              '-pthread'] + defines + includes, verbose)
+              '-pthread'] + cxx_defines + includes, verbose)
         objects.append(cpu_object)
         linked = os.path.join(tmp, LIBRARY_NAME + '.so')
         link = [cxx, '-shared', '-o', linked] + objects + [f'-L{d}' for d in lib_dirs]

@@ -34,8 +34,9 @@ def library_path():
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             if not os.path.isfile(path):  # another process may have built it meanwhile
-                print(f'psanet: building the psa_mask op into {folder} '
-                      '(once, about 15 s)', file=sys.stderr, flush=True)
+                print(f'psanet: building the psa_mask op into {folder} (once: about '
+                      '10 s, up to a minute with the CUDA kernels)', file=sys.stderr,
+                      flush=True)
                 build.compile_library(path)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
