@@ -1,14 +1,183 @@
-"""Shared test setup: the repository root on sys.path and the paths every test file needs.
+"""Shared test setup: the repository root on sys.path, the paths every test file needs,
+how the outputs of two backends are compared, and fixtures for expensive shared setup.
 
 Test modules import these names (``from conftest import ROOT``) instead of
 working the root out again; fixtures shared by several files live here too.
+
+No test relies on an earlier one having run: what several tests need is a
+fixture here or in their module. To check, run a file's tests in reverse order:
+``PSANET_TEST_REVERSE=1 python -m pytest -p no:cacheprovider tests/test_x.py``.
 """
 import glob
+import math
 import os
+import subprocess
 import sys
+
+import numpy as np
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 MINI_CONFIG, = glob.glob(os.path.join(ROOT, 'configs', 'psanet', '*mini*.yml'))
+
+
+def pytest_collection_modifyitems(config, items):
+    """PSANET_TEST_REVERSE=1 runs the collected tests last first (see the module docstring)."""
+    if os.environ.get('PSANET_TEST_REVERSE') == '1':
+        items.reverse()
+
+
+# ---------------------------------------------------------------------------
+# Comparing float32 outputs of two backends
+# ---------------------------------------------------------------------------
+
+FLOAT32_EPS = float(np.finfo(np.float32).eps)  # 1.19e-7
+
+
+def reordered_sum_rtol(reduction_length):
+    """Tolerance, relative to the largest output, for float32 results whose sums another
+    backend adds in another order.
+
+    oneDNN, onnxruntime, MKL on another instruction set, another thread count or
+    batch size: each adds the K products of a dot product in an order of its own
+    (blocked, vectorised, split over threads), and each order rounds differently.
+    The rounding errors of the K - 1 additions add like a random walk, about
+    sqrt(K) * eps of the output's magnitude whatever the order; the tolerance is
+    four times that. Measured on the networks of these tests, whole-network
+    differences stay below one layer's sqrt(K) * eps: the mini PSANet's logits
+    (K = 4608) moved by 1.0e-6 .. 3.8e-6 of the largest under oneDNN, onnxruntime,
+    two threads, and MKL/oneDNN held to AVX2 or SSE4.1 (MKL_ENABLE_INSTRUCTIONS,
+    ONEDNN_MAX_CPU_ISA) on an AVX-512 machine, 6.3e-6 under oneDNN on another CPU;
+    the tolerance from here is 3.2e-5.
+
+    Args:
+        reduction_length (int): K, the longest sum in the network (a conv's
+            in_channels * kernel_h * kernel_w, a matmul's inner size).
+
+    Returns:
+        float: 4 * eps32 * sqrt(K).
+    """
+    return 4 * FLOAT32_EPS * math.sqrt(reduction_length)
+
+
+# The longest sums: PSANet-mini's ResNet18 3x3 convolutions over 512 channels;
+# TinySegNet's (engine_helpers) 3x3 convolution over 8 channels.
+MINI_PSANET_RTOL = reordered_sum_rtol(3 * 3 * 512)  # 3.2e-5
+TINY_SEGNET_RTOL = reordered_sum_rtol(3 * 3 * 8)    # 4.0e-6
+
+
+def clear_margin_pixels(expected, atol, class_axis=1):
+    """Pixels whose two largest values along ``class_axis`` are more than 2 * atol apart:
+    any output within atol of ``expected`` has the same argmax there.
+
+    Returns:
+        np.ndarray: bool, ``expected``'s shape without the class axis.
+    """
+    top2 = np.sort(np.asarray(expected, np.float64), axis=class_axis)
+    top2 = np.take(top2, [-2, -1], axis=class_axis)
+    margin = np.take(top2, 1, axis=class_axis) - np.take(top2, 0, axis=class_axis)
+    return margin > 2 * atol
+
+
+def assert_logits_agree(actual, expected, rtol, what='output', scale=None, class_axis=1,
+                        min_clear=0.9):
+    """Asserts that a backend's output shows the user what the reference does.
+
+    Float ``actual`` (logits or probabilities of ``expected``'s shape) must be within
+    ``atol = rtol * scale`` of ``expected`` everywhere, NaN failing; ``actual`` may also
+    be a class map (``expected``'s shape without the class axis), whose logits are then
+    taken to be within atol. Either way the argmax must equal ``expected``'s on every
+    pixel whose top-two margin exceeds 2 * atol (a near-tie may go either way), and at
+    least ``min_clear`` of the pixels must be that clear, or the check says little.
+
+    Args:
+        actual (np.ndarray): the output under test.
+        expected (np.ndarray): the reference logits (or probabilities).
+        rtol (float): allowed difference relative to ``scale``, e.g. ``reordered_sum_rtol``.
+        what (str, optional): names the comparison in the failure message.
+        scale (float, optional): magnitude the tolerance is relative to. Default: the
+            largest ``|expected|``.
+        class_axis (int, optional): Default: 1 (NCHW).
+        min_clear (float, optional): Default: 0.9.
+
+    Returns:
+        np.ndarray: the bool mask of clear pixels.
+    """
+    __tracebackhide__ = True
+    expected = np.asarray(expected, np.float64)
+    actual = np.asarray(actual)
+    scale = float(np.abs(expected).max()) if scale is None else float(scale)
+    atol = rtol * scale
+    want_labels = expected.argmax(class_axis)
+    if actual.shape == want_labels.shape and not np.issubdtype(actual.dtype, np.floating):
+        got_labels = actual
+    else:
+        if actual.shape != expected.shape:
+            raise AssertionError(f'{what}: shape {actual.shape}, expected {expected.shape}')
+        diff = np.abs(actual.astype(np.float64) - expected)
+        bad = ~(diff <= atol)
+        if bad.any():
+            worst = np.unravel_index(np.argmax(np.where(bad, np.nan_to_num(diff, nan=np.inf),
+                                                        -1.0)), diff.shape)
+            raise AssertionError(
+                f'{what}: {int(bad.sum())} of {diff.size} values differ by more than '
+                f'atol {atol:.3g} (rtol {rtol:.3g} x scale {scale:.4g}); the largest '
+                f'difference {diff[worst]:.3g} at {tuple(int(i) for i in worst)}: got '
+                f'{float(actual[worst]):.7g}, expected {expected[worst]:.7g}')
+        got_labels = actual.argmax(class_axis)
+    clear = clear_margin_pixels(expected, atol, class_axis)
+    if clear.mean() < min_clear:
+        raise AssertionError(
+            f'{what}: only {clear.mean():.1%} of the pixels have a top-two margin above '
+            f'2 * atol = {2 * atol:.3g}, fewer than {min_clear:.0%}: the argmax check would '
+            'say little; use inputs further from ties')
+    wrong = clear & (got_labels != want_labels)
+    if wrong.any():
+        first = tuple(int(i) for i in np.argwhere(wrong)[0])
+        raise AssertionError(
+            f'{what}: the class differs on {int(wrong.sum())} of {int(clear.sum())} pixels '
+            f'whose top-two margin exceeds 2 * atol = {2 * atol:.3g}; first at {first}: got '
+            f'{got_labels[first]}, expected {want_labels[first]}')
+    return clear
+
+
+# ---------------------------------------------------------------------------
+# Shared data
+# ---------------------------------------------------------------------------
+
+@pytest.fixture(scope='session')
+def mini_cityscapes(tmp_path_factory):
+    """A generated mini Cityscapes, 2 train + 3 val images of 64x32: read it, never
+    change it (copy it first, with shutil.copytree)."""
+    from psanet.data import generate_mini_cityscapes
+    root = str(tmp_path_factory.mktemp('shared') / 'mini_cityscapes')
+    generate_mini_cityscapes(root, num_train=2, num_val=3, size=(64, 32), seed=0)
+    return root
+
+
+TIPC_TXT = 'test_tipc/configs/psanet/train_infer_python.txt'
+
+
+def tipc_env(output_dir=None):
+    """The environment the TIPC scripts run in: `python:python` in the txt is the
+    interpreter running the tests; TIPC_OUTPUT keeps logs out of the tree."""
+    env = dict(os.environ)
+    env['PATH'] = os.path.dirname(sys.executable) + os.pathsep + env.get('PATH', '')
+    if output_dir is not None:
+        env['TIPC_OUTPUT'] = str(output_dir)
+    return env
+
+
+@pytest.fixture(scope='session')
+def tipc_lite_data():
+    """test_tipc/prepare.sh lite_train_lite_infer, once per session: the mini Cityscapes
+    in test_tipc/data/cityscapes (where the txt points) and the op built. Returns the
+    script's output."""
+    result = subprocess.run(['bash', 'test_tipc/prepare.sh', TIPC_TXT, 'lite_train_lite_infer'],
+                            cwd=ROOT, env=tipc_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout
+    return result.stdout

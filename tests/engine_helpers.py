@@ -4,7 +4,6 @@ The toy dataset paints each image in bands of a few flat colours, one colour
 per class, with a ring of ignore (255) pixels, so a two-layer network learns
 it in a few dozen iterations on a CPU.
 """
-import glob
 import os
 
 import cv2
@@ -17,10 +16,7 @@ from paddleseg.cvlibs import Config, SegBuilder, manager
 from paddleseg.models import layers
 
 import psanet  # noqa: F401  (compat fixes, PSANet registration)
-
-# BGR colours of the toy classes (and of class ids beyond, for bad-label tests).
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MINI_CONFIG, = glob.glob(os.path.join(ROOT, 'configs', 'psanet', '*mini*.yml'))
+from conftest import MINI_CONFIG
 
 
 def build_config_model(path=MINI_CONFIG, seed=None):
@@ -34,6 +30,7 @@ def build_config_model(path=MINI_CONFIG, seed=None):
     return cfg, SegBuilder(cfg).model
 
 
+# BGR colours of the toy classes (and of class ids beyond, for bad-label tests).
 TOY_COLORS = np.array([[40, 40, 200], [40, 200, 40], [200, 40, 40], [200, 200, 40]], np.uint8)
 
 

@@ -26,6 +26,8 @@ def _model_and_optimizer(num_classes=3, seed=0):
 
 
 def _arrays(state):
+    """Numpy copies of a state dict's tensors: saving and loading copies bytes, so the
+    tests compare them exactly."""
     return {k: np.array(v.numpy() if hasattr(v, 'numpy') else v) for k, v in state.items()
             if hasattr(v, 'shape')}
 

@@ -13,12 +13,12 @@ import numpy as np
 import paddle
 
 import engine_helpers as helpers
+from conftest import ROOT, TINY_SEGNET_RTOL, clear_margin_pixels
 from psanet.core.checkpoint import load_model_weights, save_checkpoint
 from psanet.core.config import ComponentBuilder, load_config
 from psanet.core.val import evaluate
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(TESTS)
+TESTS = os.path.join(ROOT, 'tests')
 
 WORKER = r'''
 import json, os, sys
@@ -61,6 +61,30 @@ with open(os.path.join(out, 'rank_%d.json' % rank), 'w') as f:
 '''
 
 
+def near_ties(model, dataset):
+    """Scored pixels whose top two logits are within TINY_SEGNET_RTOL (see conftest).
+
+    Another process may run the convolutions with other threads, so in another order:
+    each of these pixels may change class there, moving each entry of the areas
+    (intersection, prediction, label) by at most one; no other pixel may.
+    """
+    model.eval()
+    count = 0
+    with paddle.no_grad():
+        for index in range(len(dataset)):
+            sample = dataset[index]
+            logits = model(paddle.to_tensor(sample['img'][None]))[0].numpy()
+            clear = clear_margin_pixels(logits, TINY_SEGNET_RTOL * np.abs(logits).max())
+            count += int((~clear[0] & (np.asarray(sample['label']).reshape(clear.shape[1:])
+                                       != 255)).sum())
+    return count
+
+
+def assert_areas_agree(got, want, slack, what):
+    difference = np.abs(np.asarray(got, np.int64) - np.asarray(want, np.int64)).max()
+    assert difference <= slack, f'{what}: areas differ by {difference}, {slack} near-ties'
+
+
 def test_two_processes(tmp_path):
     root = helpers.write_toy_dataset(str(tmp_path / 'toy'), num_train=8, num_val=5)
     config = helpers.write_config(tmp_path / 'toy.yml', helpers.toy_config(root))
@@ -69,16 +93,17 @@ def test_two_processes(tmp_path):
     model = builder.model
     save_checkpoint(str(tmp_path / 'weights'), model)
     expected = evaluate(model, builder.dataset('val'), print_detail=False)
+    slack = near_ties(model, builder.dataset('val'))
 
     worker = tmp_path / 'worker.py'
-    worker.write_text(WORKER.format(tests=TESTS, repo=REPO))
+    worker.write_text(WORKER.format(tests=TESTS, repo=ROOT))
     out = tmp_path / 'out'
     os.makedirs(out)
     done = subprocess.run(
         [sys.executable, '-m', 'paddle.distributed.launch', '--nproc_per_node', '2',
          '--log_dir', str(tmp_path / 'log'), str(worker), str(out), config,
          str(tmp_path / 'weights')],
-        cwd=REPO, capture_output=True, text=True, timeout=400)
+        cwd=ROOT, capture_output=True, text=True, timeout=400)
     logs = ''.join(open(tmp_path / 'log' / name).read()[-3000:]
                    for name in sorted(os.listdir(tmp_path / 'log')) if name.startswith('worker'))
     assert done.returncode == 0, logs
@@ -87,7 +112,8 @@ def test_two_processes(tmp_path):
 
     # The parameters are identical on both ranks after training, BatchNorm's running
     # statistics included: per process on CPU (no SyncBatchNorm), they are copied from
-    # rank 0 at each checkpoint.
+    # rank 0 at each checkpoint. Exact: both ranks apply the same all-reduced gradients
+    # (the same bits on every rank) to the same weights.
     params = [np.load(out / f'params_{r}.npz') for r in range(2)]
     assert params[0].files and params[0].files == params[1].files
     assert any(key.endswith('_mean') for key in params[0].files)
@@ -99,8 +125,10 @@ def test_two_processes(tmp_path):
     best = ComponentBuilder(load_config(config)).model
     load_model_weights(best, str(out / 'train' / 'best_model'))
     saved = evaluate(best, builder.dataset('val'), print_detail=False)
+    best_slack = near_ties(best, builder.dataset('val'))
     for rank in ranks:
-        np.testing.assert_array_equal(rank['train_eval_areas'], saved['areas'])
+        assert_areas_agree(rank['train_eval_areas'], saved['areas'], best_slack,
+                           'evaluation during training')
     assert ranks[0]['seed'] == ranks[1]['seed']
     with open(out / 'train' / 'iter_4' / 'train_state.json') as f:
         assert json.load(f)['seed'] == ranks[0]['seed']
@@ -108,6 +136,7 @@ def test_two_processes(tmp_path):
     # The logged loss is the mean of the two ranks' own losses, the same on both ranks.
     local = np.array([r['local_losses'] for r in ranks])
     assert not np.allclose(local[0], local[1])
+    # The mean of two float32 losses in float32 (all-reduce) against float64: 1 ulp (1e-7).
     np.testing.assert_allclose(ranks[0]['losses'], local.mean(0), rtol=1e-6)
     assert ranks[0]['losses'] == ranks[1]['losses']
 
@@ -120,8 +149,9 @@ def test_two_processes(tmp_path):
 
     # Distributed evaluation of 5 images on 2 ranks equals single-process evaluation.
     for rank in ranks:
-        np.testing.assert_array_equal(rank['areas'], expected['areas'])
-        assert rank['miou'] == expected['miou']
+        assert_areas_agree(rank['areas'], expected['areas'], slack, 'distributed evaluation')
+        if np.array_equal(rank['areas'], expected['areas']):  # the same float64 formula
+            assert rank['miou'] == expected['miou']
 
     # Only rank 0 writes logs and checkpoints.
     assert os.listdir(out / 'train') and 'iter_4' in os.listdir(out / 'train')

@@ -11,10 +11,10 @@ import pytest
 from cityscapesscripts.helpers.labels import labels as CITYSCAPES_LABELS
 from PIL import Image
 
+from conftest import ROOT
 from psanet.data.mini_cityscapes import MARKER, generate
 from test_prepare_cityscapes import reference_train_ids
 
-ROOT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZE = (96, 48)  # (width, height): odd-ish, not the default, to catch width/height swaps
 NUM_TRAIN, NUM_VAL = 8, 4
 TRAIN_NAMES = [l.name for l in sorted(CITYSCAPES_LABELS, key=lambda l: l.trainId)
@@ -101,6 +101,7 @@ def test_summary_matches_the_files(mini):
             histogram += np.bincount(read_label(path).ravel(), minlength=256)
         stats = summary['splits'][split]
         assert histogram.sum() == stats['images'] * SIZE[0] * SIZE[1]
+        # Ratios of the same integer counts in float64 (pytest.approx's 1e-6 is ample).
         for train_id, name in enumerate(TRAIN_NAMES):
             assert stats['class_pixels'][name] == pytest.approx(histogram[train_id] / histogram.sum())
         assert stats['ignore_pixels'] == pytest.approx(histogram[255] / histogram.sum())
@@ -182,7 +183,7 @@ def test_command_line(tmp_path, monkeypatch, capsys):
     out = str(tmp_path / 'cli')
     monkeypatch.setattr(sys, 'argv', ['make_mini_cityscapes.py', '--out', out, '--num_train', '2',
                                       '--num_val', '1', '--size', '64', '32', '--seed', '1'])
-    runpy.run_path(os.path.join(ROOT_DIR, 'tools', 'make_mini_cityscapes.py'), run_name='__main__')
+    runpy.run_path(os.path.join(ROOT, 'tools', 'make_mini_cityscapes.py'), run_name='__main__')
     printed = capsys.readouterr().out
     assert '2 train images' in printed and '1 val images' in printed and 'traffic light' in printed
     assert cv2.imread(files(out, 'leftImg8bit/val/*/*.png')[0]).shape == (32, 64, 3)

@@ -10,11 +10,11 @@ import pytest
 from cityscapesscripts.helpers.labels import labels as CITYSCAPES_LABELS
 from PIL import Image
 
+from conftest import ROOT
 from psanet.data.prepare_cityscapes import (label_ids_to_train_ids, prepare_cityscapes,
                                             train_ids_to_label_ids)
 from psanet.data.validate import DatasetError
 
-ROOT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WIDTH, HEIGHT = 40, 24
 CITY = 'fakecity'
 # (label, [x0, y0, x1, y1], deleted), drawn in order as Cityscapes polygons
@@ -180,7 +180,7 @@ def test_id_tables_match_the_official_list():
 
 
 def test_command_line(fake, monkeypatch, capsys, tmp_path):
-    script = os.path.join(ROOT_DIR, 'tools', 'prepare_cityscapes.py')
+    script = os.path.join(ROOT, 'tools', 'prepare_cityscapes.py')
     root, _ = fake
     monkeypatch.setattr(sys, 'argv', ['prepare_cityscapes.py', '--root', root])
     runpy.run_path(script, run_name='__main__')

@@ -4,22 +4,17 @@ modes whose inputs are missing make the scripts exit non-zero with the reason.""
 import os
 import re
 import subprocess
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TXT = 'test_tipc/configs/psanet/train_infer_python.txt'
+from conftest import ROOT, TIPC_TXT as TXT, tipc_env
+
 PREPARE = 'test_tipc/prepare.sh'
 CHAIN = 'test_tipc/test_train_inference_python.sh'
 
 
 def bash(script, txt, mode, output_dir, timeout=600):
-    env = dict(os.environ)
-    # `python:python` in the txt: the interpreter running the tests.
-    env['PATH'] = os.path.dirname(sys.executable) + os.pathsep + env.get('PATH', '')
-    env['TIPC_OUTPUT'] = str(output_dir)
-    result = subprocess.run(['bash', script, txt, mode], cwd=ROOT, env=env,
+    result = subprocess.run(['bash', script, txt, mode], cwd=ROOT, env=tipc_env(output_dir),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             timeout=timeout)
     return result.returncode, result.stdout
@@ -48,9 +43,8 @@ def test_txt_has_paddleseg_line_layout():
         assert lines[number].split(':', 1)[0] == key, number
 
 
-def test_lite_train_lite_infer_passes(tmp_path):
-    code, output = bash(PREPARE, TXT, 'lite_train_lite_infer', tmp_path)
-    assert code == 0, output
+def test_lite_train_lite_infer_passes(tipc_lite_data, tmp_path):
+    assert 'prepared lite_train_lite_infer' in tipc_lite_data
     code, output = bash(CHAIN, TXT, 'lite_train_lite_infer', tmp_path)
     assert code == 0, output
     lines = status_lines(tmp_path)
@@ -72,9 +66,7 @@ def test_lite_train_lite_infer_passes(tmp_path):
         assert sorted(os.listdir(pseudo)) == val_images
 
 
-def test_a_failing_step_fails_the_chain(tmp_path):
-    if not os.path.isdir(os.path.join(ROOT, 'test_tipc/data/cityscapes/gtFine')):
-        pytest.skip('needs the lite data (run after test_lite_train_lite_infer_passes)')
+def test_a_failing_step_fails_the_chain(tipc_lite_data, tmp_path):
     txt = tmp_path / 'failing.txt'
     with open(os.path.join(ROOT, TXT)) as f:
         lines = f.read().splitlines()
