@@ -23,6 +23,8 @@ What it adds to paddleseg 2.8.0's ``core.train`` (which fails on Paddle 3):
 """
 import os
 import time
+from dataclasses import dataclass, field
+from typing import NamedTuple, Optional
 
 import numpy as np
 import paddle
@@ -149,6 +151,74 @@ class _Averager:
         self.samples += samples
 
 
+@dataclass
+class _RunState:
+    """What a run changes as it goes: where it is, its best evaluation, its losses.
+
+    ``losses``, ``loss_terms``, ``local_losses`` and ``evals`` are per
+    iteration (per evaluation) run here, as :func:`train` returns them.
+    """
+    iteration: int = 0
+    start_iter: int = 0
+    best_miou: float = -1.0
+    best_iter: int = -1
+    last_checkpoint: Optional[str] = None
+    seed: Optional[int] = None
+    losses: list = field(default_factory=list)
+    loss_terms: list = field(default_factory=list)
+    local_losses: list = field(default_factory=list)
+    evals: list = field(default_factory=list)
+
+    def record(self, step):
+        self.losses.append(float(step.terms.sum()))
+        self.local_losses.append(float(step.local_terms.sum()))
+        self.loss_terms.append(step.terms.tolist())
+
+    def result(self):
+        return {'losses': self.losses, 'loss_terms': self.loss_terms,
+                'local_losses': self.local_losses, 'start_iter': self.start_iter,
+                'last_checkpoint': self.last_checkpoint, 'best_miou': self.best_miou,
+                'best_iter': self.best_iter, 'evals': self.evals, 'seed': self.seed}
+
+
+@dataclass
+class _Run:
+    """What stays fixed through a run: the model and its optimizer, the data, the schedule."""
+    model: paddle.nn.Layer
+    runner: paddle.nn.Layer  # the model, in paddle.DataParallel on more than one process
+    optimizer: paddle.optimizer.Optimizer
+    scheduler: Optional[paddle.optimizer.lr.LRScheduler]
+    scaler: Optional[paddle.amp.GradScaler]
+    losses: dict
+    precision: str
+    amp_level: str
+    loader: paddle.io.DataLoader
+    sampler: paddle.io.DistributedBatchSampler
+    reader: paddle.io.Dataset
+    iters_per_epoch: int
+    num_images: int
+    iters: int
+    batch_size: int
+    world_size: int
+    save_dir: str
+    save_interval: int
+    log_iters: int
+    keep_checkpoint_max: int
+    val_dataset: Optional[paddle.io.Dataset]
+    num_workers: int
+    test_config: dict
+    writer: object
+    logger: object
+    main: bool
+
+
+class _Step(NamedTuple):
+    """One iteration's loss terms: the mean over ranks and this rank's; the LR it used."""
+    terms: np.ndarray
+    local_terms: np.ndarray
+    lr: float
+
+
 def train(model, train_dataset, optimizer, losses, iters, batch_size, val_dataset=None,
           save_dir='output', save_interval=1000, log_iters=10, keep_checkpoint_max=5,
           num_workers=0, use_vdl=False, resume_model=None, seed=None, precision='fp32',
@@ -211,198 +281,266 @@ def _train(model, train_dataset, optimizer, losses, iters, batch_size, val_datas
     main = dist.is_main_process()
     world_size = dist.world_size()
     logger = logger or get_logger(os.path.join(save_dir, 'train.log'))
-    for name, value in (('iters', iters), ('batch_size', batch_size),
-                        ('save_interval', save_interval), ('log_iters', log_iters)):
-        if not isinstance(value, int) or value <= 0:
-            raise ConfigError(f'--{name} must be a positive integer, got {value!r}.')
+    _check_positive(iters=iters, batch_size=batch_size, save_interval=save_interval,
+                    log_iters=log_iters)
     scheduler = _lr_scheduler(optimizer)
     test_config = merge_test_config(test_config or {})
-
-    start_iter, best_miou, best_iter, last_checkpoint = 0, -1.0, -1, None
-    state = {}
-    if resume_model is not None:
-        model_state, optimizer_state, state = ckpt.load_checkpoint(resume_model)
-        ckpt.check_state_fits(model, model_state, f'the weights of --resume_model {resume_model}',
-                              _RESUME_ANOTHER_MODEL)
-        model.set_state_dict(model_state)
-        if 'parameter_names' in state:
-            optimizer_state = ckpt.rename_optimizer_state(optimizer_state,
-                                                          state['parameter_names'], model)
-        optimizer.set_state_dict(optimizer_state)
-        if scheduler is not None and 'lr_scheduler' in state:
-            scheduler.set_state_dict(state['lr_scheduler'])
-        start_iter = int(state['iteration'])
-        best_miou = float(state.get('best_miou', -1.0))
-        best_iter = int(state.get('best_iter', -1))
-        last_checkpoint = resume_model
-        if start_iter >= iters:
-            raise ConfigError(f'--resume_model {resume_model} is at iteration {start_iter} and '
-                              f'iters is {iters}: raise --iters to train further.')
-        if 'seed' in state:
-            if seed is not None and seed != state['seed']:
-                logger.warning(f'--seed {seed} ignored: resuming with the checkpoint\'s seed '
-                               f'{state["seed"]}.')
-            seed = int(state['seed'])
-        logger.info(f'Resumed from {resume_model} at iteration {start_iter}.')
-    if seed is None:
-        # Drawn on rank 0 only and summed with zeros: every rank uses the seed that is saved.
-        drawn = int(np.random.SeedSequence().generate_state(1)[0]) if main else 0
-        seed = int(dist.all_reduce_sum([drawn])[0])
-    logger.info(f'Seed: {seed}')
+    state, saved = _resume(resume_model, model, optimizer, scheduler, iters, seed, logger)
+    if state.seed is None:
+        state.seed = _draw_seed(main)
+    logger.info(f'Seed: {state.seed}')
 
     model = _batchnorm_setup(model, sync_bn, world_size, logger)
-    use_amp = amp_enabled(precision)
-    if precision == 'fp16' and not use_amp:
-        logger.warning('--precision fp16 is ignored on CPU (no fp16 kernels): training in fp32.')
-    scaler = None
-    if use_amp:
-        logger.info(f'Mixed precision: fp16 autocast, level {amp_level}, with GradScaler.')
-        scaler = paddle.amp.GradScaler(init_loss_scaling=1024)
-        if 'grad_scaler' in state:
-            scaler.load_state_dict(state['grad_scaler'])
-        if amp_level == 'O2':
-            model, optimizer = paddle.amp.decorate(models=model, optimizers=optimizer,
-                                                   level='O2', save_dtype='float32')
+    model, optimizer, scaler = _mixed_precision_setup(model, optimizer, precision, amp_level,
+                                                      saved, logger)
     runner = paddle.DataParallel(model) if world_size > 1 else model
-
-    loader, sampler, reader = build_train_loader(train_dataset, batch_size, seed, num_workers)
-    iters_per_epoch = len(sampler)
-    for change in _resume_changes(state, batch_size, world_size, iters_per_epoch,
+    loader, sampler, reader = build_train_loader(train_dataset, batch_size, state.seed,
+                                                 num_workers)
+    for change in _resume_changes(saved, batch_size, world_size, len(sampler),
                                   len(train_dataset)):
         logger.warning(f'resuming from {resume_model} {change}: the data order differs from an '
                        'uninterrupted run.')
-    writer = None
-    if use_vdl and main:
-        from visualdl import LogWriter
-        writer = LogWriter(save_dir)
+    run = _Run(model=model, runner=runner, optimizer=optimizer, scheduler=scheduler,
+               scaler=scaler, losses=losses, precision=precision, amp_level=amp_level,
+               loader=loader, sampler=sampler, reader=reader, iters_per_epoch=len(sampler),
+               num_images=len(train_dataset), iters=iters, batch_size=batch_size,
+               world_size=world_size, save_dir=save_dir, save_interval=save_interval,
+               log_iters=log_iters, keep_checkpoint_max=keep_checkpoint_max,
+               val_dataset=val_dataset, num_workers=num_workers, test_config=test_config,
+               writer=_visualdl_writer(save_dir) if use_vdl and main else None, logger=logger,
+               main=main)
 
-    history, history_terms, local_history, evals = [], [], [], []
-    averager = _Averager()
-    iteration = start_iter
     model.train()
-    logger.info(f'Training {iters} iterations from {start_iter}: {len(train_dataset)} images, '
-                f'{iters_per_epoch} iterations per epoch, batch_size {batch_size} x {world_size} '
-                f'process(es).')
+    logger.info(f'Training {iters} iterations from {state.start_iter}: {len(train_dataset)} '
+                f'images, {run.iters_per_epoch} iterations per epoch, batch_size {batch_size} x '
+                f'{world_size} process(es).')
+    _train_loop(run, state)
+    if run.writer is not None:
+        run.writer.close()
+    logger.info(f'Training done: {state.iteration} iterations, checkpoints in {save_dir}.')
+    return state.result()
+
+
+def _train_loop(run, state):
+    """The iterations from ``state.iteration`` to ``run.iters``.
+
+    Each is a step; every log_iters (and the last) ends with a log line, every
+    save_interval (and the last) with an evaluation and a checkpoint.
+    """
+    averager = _Averager()
     batch_start = time.time()
-    while iteration < iters:
-        epoch = iteration // iters_per_epoch
-        sampler.set_epoch(epoch, start_batch=iteration % iters_per_epoch)
-        reader.set_epoch(epoch)
-        epoch_start_iteration = iteration
-        for data in loader:
+    while state.iteration < run.iters:
+        epoch = state.iteration // run.iters_per_epoch
+        run.sampler.set_epoch(epoch, start_batch=state.iteration % run.iters_per_epoch)
+        run.reader.set_epoch(epoch)
+        epoch_start_iteration = state.iteration
+        for data in run.loader:
             reader_cost = time.time() - batch_start
             raise_if_error(data)
-            iteration += 1
-            paddle.seed(iteration_seed(seed, iteration, dist.rank()))
-            images, labels = data['img'], data['label']
-            with autocast(precision, amp_level):
-                logits = runner(images)
-                terms = loss_terms(logits, labels, losses)
-                loss = paddle.add_n(terms) if len(terms) > 1 else terms[0]
-            local = paddle.stack([t.detach().astype('float32') for t in terms]).numpy()
-            values = dist.all_reduce_sum(local) / world_size
-            if not np.all(np.isfinite(values)):
-                where = (f'The last good checkpoint is {last_checkpoint}: resume with '
-                         f'--resume_model {last_checkpoint}, e.g. with a lower --learning_rate.'
-                         if last_checkpoint else
-                         f'No checkpoint was saved yet (save_interval {save_interval}); lower '
-                         '--learning_rate and start again.')
-                raise TrainingError(f'the loss is {values.sum()} (terms {values.tolist()}) at '
-                                    f'iteration {iteration} (epoch {epoch + 1}): training stopped. '
-                                    + where)
-            if scaler is not None:
-                scaler.scale(loss).backward()
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                loss.backward()
-                optimizer.step()
-            lr = optimizer.get_lr()
-            if scheduler is not None:
-                scheduler.step()
-            optimizer.clear_grad()
-
-            history.append(float(values.sum()))
-            local_history.append(float(local.sum()))
-            history_terms.append(values.tolist())
-            averager.add(values, time.time() - batch_start, reader_cost, batch_size * world_size)
-
-            if iteration % log_iters == 0 or iteration == iters:
-                mean_terms = averager.terms / averager.steps
-                batch_cost = averager.batch_cost / averager.steps
-                reader_cost_avg = averager.reader_cost / averager.steps
-                ips = averager.samples / max(averager.batch_cost, 1e-12)
-                term_text = ''.join(f', loss_{i}: {v:.4f}' for i, v in enumerate(mean_terms)) \
-                    if len(mean_terms) > 1 else ''
-                logger.info(
-                    f'[TRAIN] epoch: {(iteration - 1) // iters_per_epoch + 1}, iter: '
-                    f'{iteration}/{iters}, loss: {mean_terms.sum():.4f}{term_text}, lr: {lr:.6f}, '
-                    f'batch_cost: {batch_cost:.4f}, reader_cost: {reader_cost_avg:.5f}, ips: '
-                    f'{ips:.4f} samples/sec | ETA {_format_eta((iters - iteration) * batch_cost)}')
-                if writer is not None:
-                    writer.add_scalar('Train/loss', float(mean_terms.sum()), iteration)
-                    if len(mean_terms) > 1:
-                        for i, v in enumerate(mean_terms):
-                            writer.add_scalar(f'Train/loss_{i}', float(v), iteration)
-                    writer.add_scalar('Train/lr', lr, iteration)
-                    writer.add_scalar('Train/batch_cost', batch_cost, iteration)
-                    writer.add_scalar('Train/reader_cost', reader_cost_avg, iteration)
-                averager.reset()
-
-            if iteration % save_interval == 0 or iteration == iters:
-                # Plain BatchNorm statistics differ per process: evaluate and save rank 0's,
-                # and let every rank continue from them, as a resumed run does.
-                dist.broadcast_buffers(model)
-                result = None
-                if val_dataset is not None:
-                    result = evaluate(model, val_dataset, num_workers=num_workers, losses=losses,
-                                      precision=precision, amp_level=amp_level, logger=logger,
-                                      **test_config)
-                    evals.append((iteration, result))
-                    model.train()
-                    if result['miou'] > best_miou:
-                        best_miou, best_iter = result['miou'], iteration
-                        if main:
-                            ckpt.save_checkpoint(os.path.join(save_dir, 'best_model'), model,
-                                                 state={'iteration': iteration,
-                                                        'miou': best_miou})
-                    logger.info(f'[EVAL] The model with the best validation mIoU '
-                                f'({best_miou:.4f}) was saved at iter {best_iter}.')
-                    if writer is not None:
-                        writer.add_scalar('Evaluate/mIoU', result['miou'], iteration)
-                        writer.add_scalar('Evaluate/Acc', result['acc'], iteration)
-                        if result['loss'] is not None:
-                            writer.add_scalar('Evaluate/loss', result['loss'], iteration)
-                checkpoint_state = {
-                    'iteration': iteration, 'epoch': iteration // iters_per_epoch,
-                    'iters_per_epoch': iters_per_epoch, 'seed': seed, 'batch_size': batch_size,
-                    'world_size': world_size, 'num_images': len(train_dataset),
-                    'best_miou': best_miou, 'best_iter': best_iter,
-                    'lr_scheduler': scheduler.state_dict() if scheduler is not None else None,
-                    'parameter_names': ckpt.parameter_names(model),
-                }
-                if scaler is not None:
-                    checkpoint_state['grad_scaler'] = scaler.state_dict()
-                path = os.path.join(save_dir, f'iter_{iteration}')
-                if main:
-                    ckpt.save_checkpoint(path, model, optimizer, checkpoint_state)
-                    ckpt.prune_checkpoints(save_dir, keep_checkpoint_max)
-                    logger.info(f'Saved checkpoint {path}')
-                last_checkpoint = path
+            state.iteration += 1
+            step = _train_step(run, state, data, epoch)
+            state.record(step)
+            averager.add(step.terms, time.time() - batch_start, reader_cost,
+                         run.batch_size * run.world_size)
+            if state.iteration % run.log_iters == 0 or state.iteration == run.iters:
+                _log_interval(run, state.iteration, averager, step.lr)
+            if state.iteration % run.save_interval == 0 or state.iteration == run.iters:
+                _evaluate_and_checkpoint(run, state)
             batch_start = time.time()
-            if iteration >= iters:
+            if state.iteration >= run.iters:
                 break
-        if iteration == epoch_start_iteration:
+        if state.iteration == epoch_start_iteration:
             # Guards the while loop against spinning on a loader that yields nothing.
             raise RuntimeError(f'the data loader gave no batch in epoch {epoch + 1}; see the '
                                'messages above for the failing worker.')
-    if writer is not None:
-        writer.close()
-    logger.info(f'Training done: {iteration} iterations, checkpoints in {save_dir}.')
-    return {'losses': history, 'loss_terms': history_terms, 'local_losses': local_history,
-            'start_iter': start_iter,
-            'last_checkpoint': last_checkpoint, 'best_miou': best_miou, 'best_iter': best_iter,
-            'evals': evals, 'seed': seed}
+
+
+def _check_positive(**values):
+    for name, value in values.items():
+        if not isinstance(value, int) or value <= 0:
+            raise ConfigError(f'--{name} must be a positive integer, got {value!r}.')
+
+
+def _resume(resume_model, model, optimizer, scheduler, iters, seed, logger):
+    """Loads ``resume_model`` (None: none) into the model, the optimizer and the scheduler.
+
+    Returns:
+        tuple: the :class:`_RunState` to start from, its seed the checkpoint's (else
+        ``seed``), and the checkpoint's train_state ({} without resume_model).
+    """
+    if resume_model is None:
+        return _RunState(seed=seed), {}
+    model_state, optimizer_state, saved = ckpt.load_checkpoint(resume_model)
+    ckpt.check_state_fits(model, model_state, f'the weights of --resume_model {resume_model}',
+                          _RESUME_ANOTHER_MODEL)
+    model.set_state_dict(model_state)
+    if 'parameter_names' in saved:
+        optimizer_state = ckpt.rename_optimizer_state(optimizer_state, saved['parameter_names'],
+                                                      model)
+    optimizer.set_state_dict(optimizer_state)
+    if scheduler is not None and 'lr_scheduler' in saved:
+        scheduler.set_state_dict(saved['lr_scheduler'])
+    start_iter = int(saved['iteration'])
+    state = _RunState(iteration=start_iter, start_iter=start_iter,
+                      best_miou=float(saved.get('best_miou', -1.0)),
+                      best_iter=int(saved.get('best_iter', -1)), last_checkpoint=resume_model,
+                      seed=seed)
+    if start_iter >= iters:
+        raise ConfigError(f'--resume_model {resume_model} is at iteration {start_iter} and '
+                          f'iters is {iters}: raise --iters to train further.')
+    if 'seed' in saved:
+        if seed is not None and seed != saved['seed']:
+            logger.warning(f'--seed {seed} ignored: resuming with the checkpoint\'s seed '
+                           f'{saved["seed"]}.')
+        state.seed = int(saved['seed'])
+    logger.info(f'Resumed from {resume_model} at iteration {start_iter}.')
+    return state, saved
+
+
+def _draw_seed(main):
+    # Drawn on rank 0 only and summed with zeros: every rank uses the seed that is saved.
+    drawn = int(np.random.SeedSequence().generate_state(1)[0]) if main else 0
+    return int(dist.all_reduce_sum([drawn])[0])
+
+
+def _mixed_precision_setup(model, optimizer, precision, amp_level, saved, logger):
+    """(model, optimizer, GradScaler or None); the scaler's state from ``saved`` when resuming."""
+    use_amp = amp_enabled(precision)
+    if precision == 'fp16' and not use_amp:
+        logger.warning('--precision fp16 is ignored on CPU (no fp16 kernels): training in fp32.')
+    if not use_amp:
+        return model, optimizer, None
+    logger.info(f'Mixed precision: fp16 autocast, level {amp_level}, with GradScaler.')
+    scaler = paddle.amp.GradScaler(init_loss_scaling=1024)
+    if 'grad_scaler' in saved:
+        scaler.load_state_dict(saved['grad_scaler'])
+    if amp_level == 'O2':
+        model, optimizer = paddle.amp.decorate(models=model, optimizers=optimizer, level='O2',
+                                               save_dtype='float32')
+    return model, optimizer, scaler
+
+
+def _visualdl_writer(save_dir):
+    from visualdl import LogWriter
+    return LogWriter(save_dir)
+
+
+def _train_step(run, state, data, epoch):
+    """Forward, backward and optimizer step on one batch, at ``state.iteration``.
+
+    Raises:
+        TrainingError: when a loss term (the mean over ranks) is NaN or Inf; nothing is
+            stepped then.
+    """
+    paddle.seed(iteration_seed(state.seed, state.iteration, dist.rank()))
+    with autocast(run.precision, run.amp_level):
+        logits = run.runner(data['img'])
+        terms = loss_terms(logits, data['label'], run.losses)
+        loss = paddle.add_n(terms) if len(terms) > 1 else terms[0]
+    local_terms = paddle.stack([t.detach().astype('float32') for t in terms]).numpy()
+    mean_terms = dist.all_reduce_sum(local_terms) / run.world_size
+    if not np.all(np.isfinite(mean_terms)):
+        raise _not_finite_error(mean_terms, state, epoch, run.save_interval)
+    if run.scaler is not None:
+        run.scaler.scale(loss).backward()
+        run.scaler.step(run.optimizer)
+        run.scaler.update()
+    else:
+        loss.backward()
+        run.optimizer.step()
+    lr = run.optimizer.get_lr()
+    if run.scheduler is not None:
+        run.scheduler.step()
+    run.optimizer.clear_grad()
+    return _Step(mean_terms, local_terms, lr)
+
+
+def _not_finite_error(mean_terms, state, epoch, save_interval):
+    where = (f'The last good checkpoint is {state.last_checkpoint}: resume with '
+             f'--resume_model {state.last_checkpoint}, e.g. with a lower --learning_rate.'
+             if state.last_checkpoint else
+             f'No checkpoint was saved yet (save_interval {save_interval}); lower '
+             '--learning_rate and start again.')
+    return TrainingError(f'the loss is {mean_terms.sum()} (terms {mean_terms.tolist()}) at '
+                         f'iteration {state.iteration} (epoch {epoch + 1}): training stopped. '
+                         + where)
+
+
+def _log_interval(run, iteration, averager, lr):
+    """Logs (and writes to VisualDL) the means since the last log line; starts the next."""
+    mean_terms = averager.terms / averager.steps
+    batch_cost = averager.batch_cost / averager.steps
+    reader_cost = averager.reader_cost / averager.steps
+    ips = averager.samples / max(averager.batch_cost, 1e-12)
+    term_text = ''.join(f', loss_{i}: {v:.4f}' for i, v in enumerate(mean_terms)) \
+        if len(mean_terms) > 1 else ''
+    run.logger.info(
+        f'[TRAIN] epoch: {(iteration - 1) // run.iters_per_epoch + 1}, iter: '
+        f'{iteration}/{run.iters}, loss: {mean_terms.sum():.4f}{term_text}, lr: {lr:.6f}, '
+        f'batch_cost: {batch_cost:.4f}, reader_cost: {reader_cost:.5f}, ips: '
+        f'{ips:.4f} samples/sec | ETA {_format_eta((run.iters - iteration) * batch_cost)}')
+    if run.writer is not None:
+        run.writer.add_scalar('Train/loss', float(mean_terms.sum()), iteration)
+        if len(mean_terms) > 1:
+            for i, v in enumerate(mean_terms):
+                run.writer.add_scalar(f'Train/loss_{i}', float(v), iteration)
+        run.writer.add_scalar('Train/lr', lr, iteration)
+        run.writer.add_scalar('Train/batch_cost', batch_cost, iteration)
+        run.writer.add_scalar('Train/reader_cost', reader_cost, iteration)
+    averager.reset()
+
+
+def _evaluate_and_checkpoint(run, state):
+    """Evaluates (with a val_dataset), keeps the best model, saves iter_<iteration>."""
+    # Plain BatchNorm statistics differ per process: evaluate and save rank 0's,
+    # and let every rank continue from them, as a resumed run does.
+    dist.broadcast_buffers(run.model)
+    if run.val_dataset is not None:
+        _evaluate(run, state)
+    checkpoint_state = _checkpoint_state(run, state)
+    path = os.path.join(run.save_dir, f'iter_{state.iteration}')
+    if run.main:
+        ckpt.save_checkpoint(path, run.model, run.optimizer, checkpoint_state)
+        ckpt.prune_checkpoints(run.save_dir, run.keep_checkpoint_max)
+        run.logger.info(f'Saved checkpoint {path}')
+    state.last_checkpoint = path
+
+
+def _evaluate(run, state):
+    """Evaluates; a better mIoU than the best goes to best_model/."""
+    result = evaluate(run.model, run.val_dataset, num_workers=run.num_workers, losses=run.losses,
+                      precision=run.precision, amp_level=run.amp_level, logger=run.logger,
+                      **run.test_config)
+    state.evals.append((state.iteration, result))
+    run.model.train()
+    if result['miou'] > state.best_miou:
+        state.best_miou, state.best_iter = result['miou'], state.iteration
+        if run.main:
+            ckpt.save_checkpoint(os.path.join(run.save_dir, 'best_model'), run.model,
+                                 state={'iteration': state.iteration, 'miou': state.best_miou})
+    run.logger.info(f'[EVAL] The model with the best validation mIoU '
+                    f'({state.best_miou:.4f}) was saved at iter {state.best_iter}.')
+    if run.writer is not None:
+        run.writer.add_scalar('Evaluate/mIoU', result['miou'], state.iteration)
+        run.writer.add_scalar('Evaluate/Acc', result['acc'], state.iteration)
+        if result['loss'] is not None:
+            run.writer.add_scalar('Evaluate/loss', result['loss'], state.iteration)
+
+
+def _checkpoint_state(run, state):
+    """The train_state.json of iter_<iteration>: what an exact resume needs."""
+    checkpoint_state = {
+        'iteration': state.iteration, 'epoch': state.iteration // run.iters_per_epoch,
+        'iters_per_epoch': run.iters_per_epoch, 'seed': state.seed,
+        'batch_size': run.batch_size, 'world_size': run.world_size,
+        'num_images': run.num_images, 'best_miou': state.best_miou,
+        'best_iter': state.best_iter,
+        'lr_scheduler': run.scheduler.state_dict() if run.scheduler is not None else None,
+        'parameter_names': ckpt.parameter_names(run.model),
+    }
+    if run.scaler is not None:
+        checkpoint_state['grad_scaler'] = run.scaler.state_dict()
+    return checkpoint_state
 
 
 def train_from_config(config, device=None, save_dir='output', iters=None, batch_size=None,
