@@ -1,59 +1,20 @@
-"""PSA mask op: the custom op and the pure-Paddle form against a numpy loop of the spec.
+"""PSA mask op: the custom op and the pure-Paddle form against the numpy reference.
 
-The reference below follows the definition literally, one window cell at a
-time; neither implementation under test is used to compute an expected value.
-The op only moves values (or writes zeros), so outputs and gradients must equal
-the reference exactly, on any CPU; only finite differences need a tolerance.
+The reference (tests/psa_mask_reference.py) follows the definition, one entry per
+(window cell, position); neither implementation under test is used to compute an
+expected value. The op only moves values (or writes zeros), so outputs and
+gradients must equal the reference exactly, on any CPU; only finite differences
+need a tolerance.
 """
 import numpy as np
 import paddle
 import pytest
 
 from psanet.ops import PSAMask, load_library, psa_impl, psa_mask, psa_mask_paddle
+from psa_mask_reference import OP_TEST_SHAPES, reference_backward, reference_forward
 
 IMPLS = ('custom', 'paddle')
 PSA_TYPES = ('collect', 'distribute')
-
-
-def reference_forward(x, psa_type, mask_h, mask_w):
-    """Y [N, H*W, H, W] from x [N, mask_h*mask_w, H, W], by nested loops."""
-    num, _, height, width = x.shape
-    half_h, half_w = (mask_h - 1) // 2, (mask_w - 1) // 2
-    y = np.zeros((num, height * width, height * width), x.dtype)
-    for n in range(num):
-        for i in range(mask_h):
-            for j in range(mask_w):
-                for h in range(height):
-                    for w in range(width):
-                        qh, qw = h + i - half_h, w + j - half_w
-                        if not (0 <= qh < height and 0 <= qw < width):
-                            continue
-                        p, q = h * width + w, qh * width + qw
-                        if psa_type == 'collect':
-                            y[n, q, p] = x[n, i * mask_w + j, h, w]
-                        else:
-                            y[n, p, q] = x[n, i * mask_w + j, h, w]
-    return y.reshape(num, height * width, height, width)
-
-
-def reference_backward(grad_y, psa_type, mask_h, mask_w):
-    """grad_x [N, mask_h*mask_w, H, W] from grad_y [N, H*W, H, W], by nested loops."""
-    num, _, height, width = grad_y.shape
-    half_h, half_w = (mask_h - 1) // 2, (mask_w - 1) // 2
-    grad_y = grad_y.reshape(num, height * width, height * width)
-    grad_x = np.zeros((num, mask_h * mask_w, height, width), grad_y.dtype)
-    for n in range(num):
-        for i in range(mask_h):
-            for j in range(mask_w):
-                for h in range(height):
-                    for w in range(width):
-                        qh, qw = h + i - half_h, w + j - half_w
-                        if not (0 <= qh < height and 0 <= qw < width):
-                            continue
-                        p, q = h * width + w, qh * width + qw
-                        grad_x[n, i * mask_w + j, h, w] = \
-                            grad_y[n, q, p] if psa_type == 'collect' else grad_y[n, p, q]
-    return grad_x
 
 
 def run_op(impl, x, psa_type, mask_size, grad_y):
@@ -84,28 +45,10 @@ def op_library():
     load_library()
 
 
-# (N, H, W), (mask_h, mask_w): odd, even and mixed masks; masks larger and
-# smaller than the map; single-row and single-column maps; batches.
-SHAPES = [
-    ((1, 5, 6), (3, 3)),
-    ((2, 5, 6), (4, 4)),
-    ((1, 4, 7), (3, 4)),
-    ((1, 6, 4), (4, 3)),
-    ((3, 3, 3), (1, 1)),
-    ((1, 4, 6), (1, 5)),
-    ((1, 6, 2), (5, 1)),
-    ((1, 3, 2), (7, 9)),
-    ((2, 1, 7), (3, 5)),
-    ((1, 6, 1), (6, 2)),
-    ((1, 1, 1), (3, 3)),
-    ((2, 9, 11), (2, 2)),
-]
-
-
 @pytest.mark.parametrize('dtype', ['float32', 'float64'])
 @pytest.mark.parametrize('psa_type', PSA_TYPES)
 @pytest.mark.parametrize('impl', IMPLS)
-@pytest.mark.parametrize('shape,mask', SHAPES)
+@pytest.mark.parametrize('shape,mask', OP_TEST_SHAPES)
 def test_forward_backward_match_reference(impl, psa_type, dtype, shape, mask):
     rng = np.random.default_rng(0)
     x, grad_y = random_case(rng, shape, *mask, dtype)

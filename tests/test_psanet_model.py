@@ -13,7 +13,7 @@ from psanet.models import PSANet
 from psanet.models.psanet import PSABranch
 from conftest import FLOAT32_EPS, ROOT
 from engine_helpers import build_config_model
-from test_psa_mask import reference_forward
+from psa_mask_reference import reference_forward
 
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, 'configs', 'psanet', '*.yml')))
 
