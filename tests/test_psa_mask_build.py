@@ -20,7 +20,7 @@ import pytest
 
 from conftest import ROOT
 from psanet.ops import build
-from test_psa_mask import reference_forward
+from psa_mask_reference import reference_forward
 
 BUILD_LINE = 'building the psa_mask op'
 ARCH_LINE = 'psanet: building the CUDA kernels for'
