@@ -8,8 +8,8 @@
 import argparse
 import sys
 
-from psanet.core import run_cli
-from psanet.export import OUTPUT_OPS, PSA_IMPLS, export_from_config
+from psanet.cli import run_cli
+from psanet.export import export_from_config
 
 
 def parse_args(argv=None):
@@ -22,10 +22,10 @@ def parse_args(argv=None):
     parser.add_argument('--input_shape', nargs=4, default=None, metavar=('N', 'C', 'H', 'W'),
                         help='Fixed input shape, e.g. 1 3 512 1024; None for a dynamic '
                         'dimension. Default: None 3 None None (any batch and size).')
-    parser.add_argument('--output_op', choices=OUTPUT_OPS, default='argmax',
+    parser.add_argument('--output_op', default='argmax',
                         help='argmax: int32 class ids [N, 1, H, W]; softmax: probabilities; '
                         'none: logits.')
-    parser.add_argument('--psa_impl', choices=PSA_IMPLS, default='custom',
+    parser.add_argument('--psa_impl', default='custom',
                         help='custom: the C++/CUDA op (needs its library at run time); '
                         'paddle: standard ops only (no library; exports to ONNX).')
     parser.add_argument('--onnx', action='store_true',

@@ -11,8 +11,8 @@ import warnings
 warnings.filterwarnings('ignore', message='No ccache found')
 warnings.filterwarnings('ignore', message='When training, we now always track')
 
-from psanet.core import predict_from_config, run_cli  # noqa: E402
-from psanet.core.cli import add_inference_flags  # noqa: E402
+from psanet.cli import add_inference_flags, run_cli  # noqa: E402
+from psanet.core.predict import predict_from_config  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -14,7 +14,8 @@ import warnings
 warnings.filterwarnings('ignore', message='No ccache found')
 warnings.filterwarnings('ignore', message='When training, we now always track')
 
-from psanet.core import run_cli, train_from_config  # noqa: E402
+from psanet.cli import run_cli  # noqa: E402
+from psanet.core.train import train_from_config  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -5,31 +5,43 @@ Writes what Paddle 3 saves (``model.json`` + ``model.pdiparams``) and a
 output op and which PSA mask implementation the graph holds:
 
 * ``psa_impl='custom'``: the C++/CUDA op, fastest; the runtime must load the op
-  library before creating the predictor (``psanet.deploy.create_predictor`` does).
+  library before creating the predictor (``psanet.deploy.predictor.create_predictor``
+  does).
 * ``psa_impl='paddle'``: standard Paddle ops only; runs with no op library and
   converts to ONNX (``onnx=True``, paddle2onnx with ``optimize_tool='None'``),
   keeping H and W dynamic.
+
+Export is the build side of deployment: it imports the models, the engine's
+config and checkpoints, and the runtime (:mod:`psanet.deploy`) to check what
+it wrote against the dygraph model (:func:`compare_with_dygraph`). Nothing
+imports it; the file names and keys both sides agree on are in
+:mod:`psanet.contract`.
 """
 import os
 
+import numpy as np
 import paddle
 import paddle.nn as nn
 import yaml
 
-from psanet.core.predict import PALETTES, check_save_dir, palette_for
+from psanet.contract import (DEFAULT_TRANSFORMS, DEPLOY_FILE, DEPLOY_SECTION, DYNAMIC_INPUT_SHAPE,
+                             INPUT_NAME, ONNX_FILE, OUTPUT_OPS, PALETTES, PARAMS_FILE,
+                             PROGRAM_FILE, check_save_dir, get_image_list)
+from psanet.core.checkpoint import load_model_weights
+from psanet.core.config import ComponentBuilder, load_config
+from psanet.core.predict import palette_for
+from psanet.deploy.config import DeployConfig
+from psanet.deploy.predictor import OnnxRunner, PaddleRunner
+from psanet.deploy.processing import preprocess
+from psanet.errors import ConfigError
+from psanet.log import get_logger
 from psanet.ops import psa_impl as use_psa_impl
+from psanet.ops.psa_mask import _IMPLS as PSA_IMPLS
 
 __all__ = ['ExportedModel', 'export_model', 'export_onnx', 'export_from_config',
-           'parse_input_shape', 'OUTPUT_OPS', 'PSA_IMPLS']
+           'check_export_options', 'parse_input_shape', 'compare_with_dygraph']
 
-OUTPUT_OPS = ('argmax', 'softmax', 'none')
-PSA_IMPLS = ('custom', 'paddle')
-MODEL_FILE = 'model.json'
-PARAMS_FILE = 'model.pdiparams'
-ONNX_FILE = 'model.onnx'
-DEPLOY_FILE = 'deploy.yaml'
 ONNX_OPSET = 13
-INPUT_NAME = 'x'
 
 
 class ExportedModel(nn.Layer):
@@ -57,7 +69,7 @@ def parse_input_shape(input_shape):
             None as a whole means ``[-1, 3, -1, -1]``.
     """
     if input_shape is None:
-        return [-1, 3, -1, -1]
+        return list(DYNAMIC_INPUT_SHAPE)
     shape = []
     for value in input_shape:
         if value is None or str(value).lower() in ('none', '-1'):
@@ -72,9 +84,29 @@ def parse_input_shape(input_shape):
             break
         shape.append(size)
     if shape is None or len(shape) != 4 or shape[1] != 3:
-        raise ValueError(f'--input_shape must be N 3 H W, each a positive int or None '
-                         f'(dynamic), e.g. `--input_shape 1 3 512 1024`; got {input_shape}.')
+        raise ConfigError(f'--input_shape must be N 3 H W, each a positive int or None '
+                          f'(dynamic), e.g. `--input_shape 1 3 512 1024`; got {input_shape}.')
     return shape
+
+
+def check_export_options(input_shape=None, output_op='argmax', psa_impl='custom', onnx=False,
+                         palette='default'):
+    """Raises ConfigError for an export option that cannot work; returns the input shape.
+
+    Args: see :func:`export_model`.
+
+    Returns:
+        list: ``[N, 3, H, W]`` from :func:`parse_input_shape`.
+    """
+    for name, value, choices in (('--output_op', output_op, OUTPUT_OPS),
+                                 ('--psa_impl', psa_impl, PSA_IMPLS),
+                                 ('palette', palette, PALETTES)):
+        if value not in choices:
+            raise ConfigError(f'{name} must be one of {choices}, got {value!r}.')
+    if onnx and psa_impl != 'paddle':
+        raise ConfigError('--onnx needs the pure-Paddle op: add --psa_impl paddle '
+                          '(paddle2onnx cannot convert custom operators).')
+    return parse_input_shape(input_shape)
 
 
 def export_model(model, val_transforms, save_dir, input_shape=None, output_op='argmax',
@@ -94,18 +126,20 @@ def export_model(model, val_transforms, save_dir, input_shape=None, output_op='a
         num_classes (int, optional): Written to deploy.yaml. Default: None.
         palette (str, optional): Colours of the deployed predictions, 'cityscapes' or
             'default' (see ``psanet.core.predict.palette_for``). Default: 'default'.
+
+    Raises:
+        ConfigError: for an option that cannot work (:func:`check_export_options`)
+            or a ``save_dir`` that cannot be a folder.
     """
-    if output_op not in OUTPUT_OPS:
-        raise ValueError(f'--output_op must be one of {OUTPUT_OPS}, got {output_op!r}.')
-    if psa_impl not in PSA_IMPLS:
-        raise ValueError(f'--psa_impl must be one of {PSA_IMPLS}, got {psa_impl!r}.')
-    if onnx and psa_impl != 'paddle':
-        raise ValueError('ONNX export needs the pure-Paddle op: add --psa_impl paddle '
-                         '(paddle2onnx cannot convert custom operators).')
-    if palette not in PALETTES:
-        raise ValueError(f'palette must be one of {PALETTES}, got {palette!r}.')
-    shape = parse_input_shape(input_shape)
+    shape = check_export_options(input_shape, output_op, psa_impl, onnx, palette)
     check_save_dir(save_dir)
+    return _save(model, val_transforms, save_dir, shape, output_op, psa_impl, onnx, num_classes,
+                 palette)
+
+
+def _save(model, val_transforms, save_dir, shape, output_op, psa_impl, onnx, num_classes,
+          palette):
+    """:func:`export_model` with its options checked."""
     os.makedirs(save_dir, exist_ok=True)
     was_training = model.training
     wrapped = ExportedModel(model, output_op)
@@ -114,16 +148,18 @@ def export_model(model, val_transforms, save_dir, input_shape=None, output_op='a
                                     INPUT_NAME)]
     try:
         with use_psa_impl(psa_impl):
-            paddle.jit.save(wrapped, os.path.join(save_dir, 'model'), input_spec=spec)
+            # paddle.jit.save names its files <prefix>.json and <prefix>.pdiparams.
+            paddle.jit.save(wrapped, os.path.join(save_dir, os.path.splitext(PROGRAM_FILE)[0]),
+                            input_spec=spec)
     finally:
         if was_training:
             model.train()
-    for name in (MODEL_FILE, PARAMS_FILE):
+    for name in (PROGRAM_FILE, PARAMS_FILE):
         if not os.path.isfile(os.path.join(save_dir, name)):
             raise RuntimeError(f'paddle.jit.save did not write {name} in {save_dir}; '
                                f'found {sorted(os.listdir(save_dir))}.')
     deploy = {
-        'model': MODEL_FILE,
+        'model': PROGRAM_FILE,
         'params': PARAMS_FILE,
         'transforms': [dict(t) for t in val_transforms],
         'input_shape': shape,
@@ -139,7 +175,7 @@ def export_model(model, val_transforms, save_dir, input_shape=None, output_op='a
         deploy['onnx'] = ONNX_FILE
     path = os.path.join(save_dir, DEPLOY_FILE)
     with open(path, 'w') as f:
-        yaml.safe_dump({'Deploy': deploy}, f, sort_keys=False)
+        yaml.safe_dump({DEPLOY_SECTION: deploy}, f, sort_keys=False)
     return path
 
 
@@ -150,7 +186,7 @@ def export_onnx(save_dir):
     except ImportError as error:
         raise RuntimeError('ONNX export needs paddle2onnx: pip install paddle2onnx') from error
     target = os.path.join(save_dir, ONNX_FILE)
-    paddle2onnx.export(os.path.join(save_dir, MODEL_FILE),
+    paddle2onnx.export(os.path.join(save_dir, PROGRAM_FILE),
                        os.path.join(save_dir, PARAMS_FILE), save_file=target,
                        opset_version=ONNX_OPSET, enable_onnx_checker=True,
                        optimize_tool='None')
@@ -177,23 +213,10 @@ def export_from_config(config, model_path, save_dir='output/inference_model', in
     Returns:
         str: the path of deploy.yaml.
     """
-    from psanet.core.checkpoint import load_model_weights
-    from psanet.core.config import ComponentBuilder, load_config
-    from psanet.core.errors import ConfigError
-    from psanet.core.logger import get_logger
     logger = get_logger()
-    for name, value, choices in (('--output_op', output_op, OUTPUT_OPS),
-                                 ('--psa_impl', psa_impl, PSA_IMPLS)):
-        if value not in choices:
-            raise ConfigError(f'{name} must be one of {choices}, got {value!r}.')
-    if onnx and psa_impl != 'paddle':
-        raise ConfigError('--onnx needs the pure-Paddle op: add --psa_impl paddle '
-                          '(paddle2onnx cannot convert custom operators).')
-    try:
-        shape = parse_input_shape(input_shape)
-    except ValueError as error:
-        raise ConfigError(str(error)) from error
-    check_save_dir(save_dir)  # before the model is built and loaded
+    # Checked before the model is built and loaded.
+    shape = check_export_options(input_shape, output_op, psa_impl, onnx)
+    check_save_dir(save_dir)
     paddle.set_device('cpu')
     cfg = load_config(config, opts=opts)
     builder = ComponentBuilder(cfg)
@@ -203,12 +226,10 @@ def export_from_config(config, model_path, save_dir='output/inference_model', in
     else:
         logger.warning('No --model_path: exporting the initial (untrained) weights.')
     val_transforms = (cfg.dic.get('val_dataset') or {}).get('transforms') or \
-        [{'type': 'Normalize'}]
+        DEFAULT_TRANSFORMS
     val_class = builder.val_dataset_class if cfg.dic.get('val_dataset') else None
-    path = export_model(model, val_transforms, save_dir, input_shape=shape,
-                        output_op=output_op, psa_impl=psa_impl, onnx=onnx,
-                        num_classes=getattr(model, 'num_classes', None),
-                        palette=palette_for(val_class))
+    path = _save(model, val_transforms, save_dir, shape, output_op, psa_impl, onnx,
+                 getattr(model, 'num_classes', None), palette_for(val_class))
     logger.info(f'Exported the model ({psa_impl} psa_mask, input {shape}, output '
                 f'{output_op}) to {save_dir}; deploy config {path}.')
     if check_image_path:
@@ -217,9 +238,6 @@ def export_from_config(config, model_path, save_dir='output/inference_model', in
 
 
 def _check_export(model, deploy_path, image_path, logger):
-    from psanet.core.predict import get_image_list
-    from psanet.deploy.check import compare_with_dygraph
-    from psanet.deploy.config import DeployConfig
     images = [path for path, _ in get_image_list(image_path)]
     checks = [('Paddle Inference, CPU, oneDNN off', {'enable_mkldnn': False}),
               ('Paddle Inference, CPU, oneDNN on', {'enable_mkldnn': True})]
@@ -231,3 +249,53 @@ def _check_export(model, deploy_path, image_path, logger):
             f', max |output - dygraph| {result["max_abs_diff"]:.1e}'
         logger.info(f'Exported model ({name}) vs dygraph on {result["images"]} images: '
                     f'{result["pixel_agreement"] * 100:.3f}% of pixels agree{diff}.')
+
+
+def compare_with_dygraph(model, deploy, image_paths, backend='paddle', **predictor_options):
+    """Runs ``image_paths`` through ``model`` (dygraph) and the export ``deploy`` describes.
+
+    Args:
+        model (paddle.nn.Layer): The dygraph model the export was made from.
+        deploy (DeployConfig|str): The export's deploy config or its path.
+        image_paths (list[str]): Images, preprocessed with the export's transforms.
+        backend (str, optional): 'paddle' (Paddle Inference) or 'onnxruntime' (model.onnx).
+            Default: 'paddle'.
+        **predictor_options: ``create_predictor`` options (enable_mkldnn, cpu_threads, ...),
+            or ``cpu_threads`` for onnxruntime.
+
+    Returns:
+        dict: ``images``; ``pixel_agreement``, the fraction of pixels whose class is
+        the same; ``max_abs_diff``, the largest difference of the exported output
+        from the dygraph logits (or their softmax), None for an argmax export.
+    """
+    deploy = deploy if isinstance(deploy, DeployConfig) else DeployConfig(deploy)
+    if backend == 'onnxruntime':
+        runner = OnnxRunner(deploy, **predictor_options)
+    else:
+        runner = PaddleRunner(deploy, **predictor_options)
+    transforms = deploy.build_transforms()
+    was_training = model.training
+    model.eval()
+    agree, total, max_diff = 0, 0, 0.0
+    try:
+        for path in image_paths:
+            batch, _, _ = preprocess([path], transforms)
+            with paddle.no_grad():
+                logit = model(paddle.to_tensor(batch))[0].numpy()
+            exported = runner.run(batch)
+            if deploy.output_op == 'argmax':
+                labels = exported[:, 0]
+            else:
+                labels = exported.argmax(1)
+                want = logit
+                if deploy.output_op == 'softmax':
+                    e = np.exp(logit - logit.max(1, keepdims=True))
+                    want = e / e.sum(1, keepdims=True)
+                max_diff = max(max_diff, float(np.abs(exported - want).max()))
+            agree += int((labels == logit.argmax(1)).sum())
+            total += labels.size
+    finally:
+        if was_training:
+            model.train()
+    return {'images': len(image_paths), 'pixel_agreement': agree / max(total, 1),
+            'max_abs_diff': None if deploy.output_op == 'argmax' else max_diff}

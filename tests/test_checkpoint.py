@@ -8,7 +8,7 @@ import pytest
 
 from engine_helpers import TinySegNet
 from psanet.core import checkpoint as ckpt
-from psanet.core.errors import CheckpointError
+from psanet.errors import CheckpointError
 
 
 def _model_and_optimizer(num_classes=3, seed=0):
@@ -36,7 +36,7 @@ def test_save_then_load_round_trip(tmp_path):
     model, optimizer, scheduler = _model_and_optimizer()
     state = {'iteration': 7, 'seed': 3, 'lr_scheduler': scheduler.state_dict()}
     path = ckpt.save_checkpoint(str(tmp_path / 'iter_7'), model, optimizer, state)
-    assert sorted(os.listdir(path)) == sorted([ckpt.MODEL_FILE, ckpt.OPTIMIZER_FILE,
+    assert sorted(os.listdir(path)) == sorted([ckpt.WEIGHTS_FILE, ckpt.OPTIMIZER_FILE,
                                                ckpt.STATE_FILE])
     model_state, optimizer_state, loaded = ckpt.load_checkpoint(path)
     expected = _arrays(model.state_dict())
@@ -165,7 +165,7 @@ def test_load_checkpoint_errors(tmp_path):
     # A paddleseg checkpoint (no train_state.json) resumes from the iteration in its name.
     ckpt.save_checkpoint(str(tmp_path / 'iter_5'), model, optimizer)
     assert ckpt.load_checkpoint(str(tmp_path / 'iter_5'))[2] == {'iteration': 5}
-    with open(tmp_path / 'iter_5' / ckpt.MODEL_FILE, 'wb') as f:
+    with open(tmp_path / 'iter_5' / ckpt.WEIGHTS_FILE, 'wb') as f:
         f.write(b'not a pickle')
     with pytest.raises(CheckpointError, match='cannot be read'):
         ckpt.load_checkpoint(str(tmp_path / 'iter_5'))
@@ -175,8 +175,8 @@ def test_load_model_weights_accepts_file_or_folder(tmp_path):
     model, _, _ = _model_and_optimizer(seed=1)
     ckpt.save_checkpoint(str(tmp_path / 'best_model'), model)
     other, _, _ = _model_and_optimizer(seed=2)
-    for path in (tmp_path / 'best_model', tmp_path / 'best_model' / ckpt.MODEL_FILE):
-        assert ckpt.load_model_weights(other, str(path)).endswith(ckpt.MODEL_FILE)
+    for path in (tmp_path / 'best_model', tmp_path / 'best_model' / ckpt.WEIGHTS_FILE):
+        assert ckpt.load_model_weights(other, str(path)).endswith(ckpt.WEIGHTS_FILE)
         for key, value in _arrays(model.state_dict()).items():
             np.testing.assert_array_equal(_arrays(other.state_dict())[key], value)
 

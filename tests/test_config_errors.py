@@ -10,11 +10,12 @@ import paddle.nn as nn
 import pytest
 
 from conftest import MINI_CONFIG
-from psanet.core import evaluate_from_config
+from psanet.cli import run_cli
 from psanet.core.config import ComponentBuilder, load_config
-from psanet.core.errors import ConfigError, run_cli
+from psanet.core.val import evaluate_from_config
 from psanet.data import generate_mini_cityscapes
-from psanet.models import ArgumentError, PSANet
+from psanet.errors import ArgumentError, ConfigError
+from psanet.models import PSANet
 
 
 def write(path, text):

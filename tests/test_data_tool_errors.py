@@ -7,7 +7,7 @@ import pytest
 
 from conftest import ROOT
 from psanet.data import check_dataset_config, generate_mini_cityscapes
-from psanet.data.validate import DatasetError
+from psanet.errors import DatasetError
 
 CONTENT = 'my notes, not a dataset\n'
 

@@ -20,8 +20,8 @@ from conftest import ROOT  # noqa: F401  (puts the repository on sys.path)
 import engine_helpers as helpers
 import psanet.data.validate as validate
 from psanet.core.config import ComponentBuilder, load_config
-from psanet.core.errors import DatasetError
 from psanet.data.mini_cityscapes import generate
+from psanet.errors import DatasetError
 
 SIZE = (64, 32)
 NUM_TRAIN = 9

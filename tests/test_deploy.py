@@ -16,7 +16,11 @@ from cityscapesscripts.helpers.labels import trainId2label
 from PIL import Image
 
 import psanet  # noqa: F401  (registers PSANet)
-from psanet.deploy import DeployConfig, DeployError, PaddleRunner, StageTimer, preprocess
+from psanet.deploy.config import DeployConfig
+from psanet.deploy.predictor import PaddleRunner
+from psanet.deploy.processing import preprocess
+from psanet.deploy.timing import StageTimer
+from psanet.errors import DeployError
 from conftest import MINI_PSANET_RTOL, ROOT, assert_logits_agree
 from engine_helpers import build_config_model
 from psanet.export import export_model
@@ -160,7 +164,7 @@ def test_infer_exits_nonzero_when_the_op_library_is_missing(setup, tmp_path):
 PURE_PADDLE_SCRIPT = '''
 import sys
 import numpy as np
-from psanet.deploy import PaddleRunner
+from psanet.deploy.predictor import PaddleRunner
 runner = PaddleRunner(sys.argv[1], device='cpu', enable_mkldnn=sys.argv[3] == 'True')
 np.save(sys.argv[2], runner.run(np.load(sys.argv[2] + '.in.npy')))
 with open('/proc/self/maps') as f:

@@ -13,12 +13,13 @@ import pytest
 
 import engine_helpers as helpers
 from conftest import FLOAT32_EPS, MINI_CONFIG, ROOT, TINY_SEGNET_RTOL, clear_margin_pixels
-from psanet.core import infer
+from psanet.cli import run_cli
+from psanet.core import inference as infer
 from psanet.core.checkpoint import save_checkpoint
 from psanet.core.config import ComponentBuilder, load_config
-from psanet.core.errors import CheckpointError, ConfigError, run_cli
 from psanet.core.metrics import class_areas, summarize
 from psanet.core.val import evaluate, evaluate_from_config, prediction_file_name
+from psanet.errors import CheckpointError, ConfigError
 
 IGNORE = 255
 

@@ -11,8 +11,9 @@ import pytest
 import yaml
 
 import psanet  # noqa: F401  (registers PSANet)
-from psanet.deploy import DeployConfig, DeployError, OnnxRunner, PaddleRunner
-from psanet.deploy.config import graph_holds_custom_op
+from psanet.deploy.config import DeployConfig, graph_holds_custom_op
+from psanet.deploy.predictor import OnnxRunner, PaddleRunner
+from psanet.errors import DeployError
 from conftest import (MINI_CONFIG, MINI_PSANET_RTOL, ROOT, assert_logits_agree,
                       clear_margin_pixels)
 from engine_helpers import build_config_model
@@ -184,8 +185,8 @@ def test_export_from_config_loads_the_weights(exported, tmp_path):
 def test_compare_with_dygraph_tells_a_different_model_apart(exported, tmp_path):
     import cv2
 
-    from psanet.deploy import compare_with_dygraph
-    from psanet.deploy import preprocess
+    from psanet.deploy.processing import preprocess
+    from psanet.export import compare_with_dygraph
     model, dirs, _ = exported
     image = str(tmp_path / 'image.png')
     cv2.imwrite(image, np.random.RandomState(0).randint(0, 256, (64, 96, 3)).astype('uint8'))
@@ -219,7 +220,7 @@ def test_export_command_line_exits_2_on_a_missing_model(tmp_path):
     ({'output_op': 'max'}, '--output_op'),
 ])
 def test_export_from_config_rejects_bad_flags(tmp_path, options, message):
-    from psanet.core.errors import ConfigError
+    from psanet.errors import ConfigError
     from psanet.export import export_from_config
     with pytest.raises(ConfigError, match=message):
         export_from_config(MINI_CONFIG, None, str(tmp_path / 'out'), **options)

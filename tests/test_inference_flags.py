@@ -13,8 +13,8 @@ import pytest
 
 from conftest import MINI_CONFIG, ROOT
 import val
-from psanet.core.cli import check_inference_flags
-from psanet.core.errors import ConfigError
+from psanet.core.val import check_inference_flags
+from psanet.errors import ConfigError
 
 # (flags on the command line, the one that does nothing, the flag it needs)
 NEEDS = [

@@ -13,8 +13,10 @@ from PIL import Image
 import engine_helpers as helpers
 from conftest import MINI_CONFIG, ROOT, TINY_SEGNET_RTOL, assert_logits_agree
 from psanet.core.checkpoint import save_checkpoint
-from psanet.core.errors import ConfigError, DatasetError, run_cli
-from psanet.core.predict import color_map, get_image_list, palette_for, predict_from_config
+from psanet.cli import run_cli
+from psanet.contract import color_map, get_image_list
+from psanet.core.predict import palette_for, predict_from_config
+from psanet.errors import ConfigError, DatasetError
 
 # predict_from_config runs the same TinySegNet as the references below, but on tensors
 # of its own (batch, flips, windows, averaging order): its classes must be the reference

@@ -17,10 +17,11 @@ from PIL import Image
 
 from conftest import MINI_CONFIG, MINI_PSANET_RTOL, ROOT, assert_logits_agree
 from engine_helpers import build_config_model
-from psanet.core import infer
-from psanet.core.errors import ConfigError, run_cli
-from psanet.core.predict import UnreadableImagesError, predict_from_config
+from psanet.cli import run_cli
+from psanet.core import inference as infer
+from psanet.core.predict import predict_from_config
 from psanet.core.val import evaluate_from_config
+from psanet.errors import ConfigError, UnreadableImagesError
 from psanet.export import export_from_config, export_model
 from psanet.models import PSANet
 from psanet.ops import psa_mask

@@ -13,7 +13,7 @@ from PIL import Image
 from conftest import ROOT
 from psanet.data.prepare_cityscapes import (label_ids_to_train_ids, prepare_cityscapes,
                                             train_ids_to_label_ids)
-from psanet.data.validate import DatasetError
+from psanet.errors import DatasetError
 
 WIDTH, HEIGHT = 40, 24
 CITY = 'fakecity'

@@ -13,13 +13,14 @@ import pytest
 
 import engine_helpers as helpers
 from conftest import MINI_CONFIG, ROOT
+from psanet.cli import run_cli
 from psanet.core import checkpoint as ckpt
 from psanet.core.config import ComponentBuilder, load_config
-from psanet.core.errors import DatasetError, TrainingError, run_cli
 from psanet.core.loader import SampleReader, TrainBatchSampler
 from psanet.core.runtime import to_plain_batchnorm
 from psanet.core.train import iteration_seed, train, train_from_config
 from psanet.core.val import evaluate
+from psanet.errors import DatasetError, TrainingError
 
 
 def _build(config_path, seed=0):
@@ -135,7 +136,7 @@ def test_logs_vdl_eval_best_model_and_keep_checkpoint_max(tmp_path, toy):
     assert result['best_iter'] == best[0]
     with open(os.path.join(save_dir, 'best_model', ckpt.STATE_FILE)) as f:
         assert json.load(f) == {'iteration': best[0], 'miou': best[1]['miou']}
-    assert os.path.isfile(os.path.join(save_dir, 'best_model', ckpt.MODEL_FILE))
+    assert os.path.isfile(os.path.join(save_dir, 'best_model', ckpt.WEIGHTS_FILE))
     with open(os.path.join(save_dir, 'train.log')) as f:
         log = f.read()
     train_lines = [l for l in log.splitlines() if '[TRAIN]' in l]

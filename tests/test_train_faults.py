@@ -19,10 +19,11 @@ import pytest
 
 import engine_helpers as helpers
 from conftest import MINI_CONFIG, ROOT
+from psanet.cli import run_cli
 from psanet.core import checkpoint as ckpt
 from psanet.core.config import ComponentBuilder, load_config
-from psanet.core.errors import CheckpointError, run_cli
 from psanet.core.train import train, train_from_config
+from psanet.errors import CheckpointError
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
@@ -186,7 +187,7 @@ import paddle
 import engine_helpers  # noqa: F401  (registers TinySegNet)
 from psanet.core import dist
 from psanet.core.config import ComponentBuilder, load_config
-from psanet.core.errors import ConfigError
+from psanet.errors import ConfigError
 from psanet.core.train import train
 
 out, config, save_dir = sys.argv[1:4]

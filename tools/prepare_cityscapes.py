@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 warnings.filterwarnings('ignore', message='No ccache found')
 
 from psanet.data.prepare_cityscapes import format_summary, prepare_cityscapes  # noqa: E402
-from psanet.data.validate import DatasetError  # noqa: E402
+from psanet.errors import DatasetError  # noqa: E402
 
 
 def parse_args(argv=None):

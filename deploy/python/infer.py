@@ -12,8 +12,8 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..'))
 
-from psanet.core import run_cli  # noqa: E402
-from psanet.deploy.infer import infer  # noqa: E402
+from psanet.cli import run_cli  # noqa: E402
+from psanet.deploy.infer_images import infer  # noqa: E402
 
 
 def str2bool(value):
@@ -33,11 +33,11 @@ def parse_args(argv=None):
     parser.add_argument('--batch_size', type=int, default=1, help='Images per predictor run.')
     parser.add_argument('--save_dir', default='./output',
                         help='pseudo_color_prediction/ and added_prediction/ go here.')
-    parser.add_argument('--device', choices=['cpu', 'gpu'], default='cpu')
+    parser.add_argument('--device', default='cpu', help='cpu or gpu.')
     parser.add_argument('--use_trt', type=str2bool, default=False,
                         help='TensorRT subgraphs (GPU).')
-    parser.add_argument('--precision', choices=['fp32', 'fp16', 'int8'], default='fp32',
-                        help='fp16/int8 need --use_trt True on the GPU.')
+    parser.add_argument('--precision', default='fp32',
+                        help='fp32, or fp16/int8 with --use_trt True on the GPU.')
     parser.add_argument('--enable_mkldnn', type=str2bool, default=False,
                         help='oneDNN for the CPU convolutions.')
     parser.add_argument('--cpu_threads', type=int, default=10,

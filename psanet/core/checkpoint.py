@@ -23,14 +23,14 @@ import tempfile
 import numpy as np
 import paddle
 
-from psanet.core.errors import CheckpointError
+from psanet.errors import CheckpointError
 
-__all__ = ['MODEL_FILE', 'OPTIMIZER_FILE', 'STATE_FILE', 'save_checkpoint', 'list_checkpoints',
+__all__ = ['WEIGHTS_FILE', 'OPTIMIZER_FILE', 'STATE_FILE', 'save_checkpoint', 'list_checkpoints',
            'checkpoint_iteration', 'prune_checkpoints', 'delete_checkpoints',
            'remove_stale_temporaries', 'load_checkpoint', 'resolve_weights_path',
            'check_state_fits', 'load_model_weights', 'parameter_names', 'rename_optimizer_state']
 
-MODEL_FILE = 'model.pdparams'
+WEIGHTS_FILE = 'model.pdparams'
 OPTIMIZER_FILE = 'model.pdopt'
 STATE_FILE = 'train_state.json'
 _ITER_DIR = re.compile(r'^iter_(\d+)$')
@@ -82,7 +82,7 @@ def save_checkpoint(directory, model, optimizer=None, state=None):
     os.makedirs(parent, exist_ok=True)
     temporary = tempfile.mkdtemp(prefix='.' + os.path.basename(directory) + _TEMP_MARK, dir=parent)
     try:
-        paddle.save(model.state_dict(), os.path.join(temporary, MODEL_FILE))
+        paddle.save(model.state_dict(), os.path.join(temporary, WEIGHTS_FILE))
         if optimizer is not None:
             paddle.save(optimizer.state_dict(), os.path.join(temporary, OPTIMIZER_FILE))
         if state is not None:
@@ -121,7 +121,7 @@ def list_checkpoints(save_dir):
     for name in os.listdir(save_dir):
         match = _ITER_DIR.match(name)
         path = os.path.join(save_dir, name)
-        if match and os.path.isfile(os.path.join(path, MODEL_FILE)):
+        if match and os.path.isfile(os.path.join(path, WEIGHTS_FILE)):
             found.append((int(match.group(1)), path))
     return sorted(found)
 
@@ -216,10 +216,10 @@ def load_checkpoint(path):
     if not os.path.isdir(path):
         raise CheckpointError(f'--resume_model {path} is not a folder: pass a checkpoint folder '
                               'such as output/iter_1000 (it holds model.pdparams and model.pdopt).')
-    for name in (MODEL_FILE, OPTIMIZER_FILE):
+    for name in (WEIGHTS_FILE, OPTIMIZER_FILE):
         if not os.path.isfile(os.path.join(path, name)):
             raise CheckpointError(f'--resume_model {path} has no {name}: {fix}')
-    model_state = _load(os.path.join(path, MODEL_FILE), 'model weights', fix)
+    model_state = _load(os.path.join(path, WEIGHTS_FILE), 'model weights', fix)
     optimizer_state = _load(os.path.join(path, OPTIMIZER_FILE), 'optimizer state', fix)
     state_path = os.path.join(path, STATE_FILE)
     if os.path.isfile(state_path):
@@ -286,10 +286,10 @@ def resolve_weights_path(model_path):
         raise CheckpointError('--model_path is required: pass a model.pdparams file or a '
                               'checkpoint folder such as output/best_model.')
     if os.path.isdir(model_path):
-        candidate = os.path.join(model_path, MODEL_FILE)
+        candidate = os.path.join(model_path, WEIGHTS_FILE)
         if os.path.isfile(candidate):
             return candidate
-        raise CheckpointError(f'--model_path {model_path} is a folder without {MODEL_FILE}: '
+        raise CheckpointError(f'--model_path {model_path} is a folder without {WEIGHTS_FILE}: '
                               'pass a checkpoint folder such as output/best_model or the '
                               '.pdparams file.')
     if not os.path.isfile(model_path):

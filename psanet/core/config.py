@@ -18,10 +18,10 @@ import yaml
 from paddleseg.cvlibs import Config, SegBuilder, manager
 
 import psanet.compat  # noqa: F401
-from psanet.core.errors import ConfigError
-from psanet.core.logger import get_logger
+import psanet.models  # noqa: F401  (registers PSANet in manager.MODELS)
 from psanet.data.validate import check_dataset_config, validate_dataset
-from psanet.models import ArgumentError  # importing it registers PSANet in manager.MODELS
+from psanet.errors import ArgumentError, ConfigError
+from psanet.log import get_logger
 
 __all__ = ['KNOWN_KEYS', 'UNSUPPORTED_KEYS', 'load_config', 'ComponentBuilder']
 

@@ -22,8 +22,8 @@ import cv2
 import numpy as np
 import paddle
 
-from psanet.core.errors import ConfigError, DatasetError
 from psanet.data.validate import label_values_error
+from psanet.errors import ConfigError, DatasetError, unreadable_image
 
 __all__ = ['SampleReader', 'collate', 'raise_if_error', 'TrainBatchSampler', 'EvalBatchSampler',
            'build_train_loader', 'build_eval_loader']
@@ -89,8 +89,7 @@ class SampleReader(paddle.io.Dataset):
 
 def _describe_failure(error, image_path, label_path):
     if image_path is not None and os.path.isfile(image_path) and cv2.imread(image_path) is None:
-        return (f'image {image_path} cannot be read (corrupt or not an image): re-extract it or '
-                'remove it from the dataset.')
+        return unreadable_image(image_path, 're-extract it or remove it from the dataset.')
     if image_path is not None and not os.path.isfile(image_path):
         return f'image {image_path} does not exist: restore it or fix the file list.'
     if label_path is not None and not os.path.isfile(label_path):

@@ -12,7 +12,7 @@
   first one's pid;
 * when the run ends, however it ends, it deletes the hidden temporaries of an
   interrupted save; Ctrl-C and SIGTERM become one
-  :class:`~psanet.core.errors.Interrupted` line naming the checkpoint to resume from.
+  :class:`~psanet.errors.Interrupted` line naming the checkpoint to resume from.
 
 Only rank 0 writes, so only rank 0 checks and locks; the other ranks learn the
 outcome from one all-reduce, so that all stop together.
@@ -27,8 +27,8 @@ import time
 
 from psanet.core import checkpoint as ckpt
 from psanet.core import dist
-from psanet.core.errors import ConfigError, Interrupted
-from psanet.core.logger import get_logger
+from psanet.errors import ConfigError, Interrupted
+from psanet.log import get_logger
 
 __all__ = ['LOCK_FILE', 'BEST_MODEL', 'own_save_dir']
 

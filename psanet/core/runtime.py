@@ -4,7 +4,7 @@ import contextlib
 import paddle
 import paddle.nn as nn
 
-from psanet.core.errors import ConfigError
+from psanet.errors import ConfigError
 
 __all__ = ['set_device', 'on_gpu', 'amp_enabled', 'autocast', 'to_plain_batchnorm']
 

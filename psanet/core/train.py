@@ -32,11 +32,11 @@ import paddle
 from psanet.core import checkpoint as ckpt
 from psanet.core import dist, run_dir
 from psanet.core.config import ComponentBuilder, load_config
-from psanet.core.errors import ConfigError, TrainingError
 from psanet.core.loader import build_train_loader, raise_if_error
-from psanet.core.logger import get_logger
 from psanet.core.runtime import amp_enabled, autocast, on_gpu, set_device, to_plain_batchnorm
 from psanet.core.val import evaluate, merge_test_config
+from psanet.errors import ConfigError, TrainingError
+from psanet.log import get_logger, log_file, setup_logging
 
 __all__ = ['train', 'train_from_config', 'loss_terms', 'iteration_seed']
 
@@ -264,10 +264,13 @@ def train(model, train_dataset, optimizer, losses, iters, batch_size, val_datase
         ConfigError: when save_dir holds another run's checkpoints or another process
             trains in it.
         CheckpointError: when resume_model does not fit the model.
-        Interrupted: on Ctrl-C, or SIGTERM within ``errors.sigterm_raises`` (as under
+        Interrupted: on Ctrl-C, or SIGTERM within ``psanet.cli.sigterm_raises`` (as under
             ``run_cli``), naming the checkpoint to resume from.
     """
-    with run_dir.own_save_dir(save_dir, resume_model, overwrite, logger):
+    if logger is None:
+        setup_logging(dist.is_main_process())
+    with run_dir.own_save_dir(save_dir, resume_model, overwrite, logger), \
+            log_file(os.path.join(save_dir, 'train.log'), dist.is_main_process()):
         return _train(model, train_dataset, optimizer, losses, iters, batch_size, val_dataset,
                       save_dir, save_interval, log_iters, keep_checkpoint_max, num_workers,
                       use_vdl, resume_model, seed, precision, amp_level, test_config, sync_bn,
@@ -280,7 +283,7 @@ def _train(model, train_dataset, optimizer, losses, iters, batch_size, val_datas
     """:func:`train` in a save_dir that this run owns."""
     main = dist.is_main_process()
     world_size = dist.world_size()
-    logger = logger or get_logger(os.path.join(save_dir, 'train.log'))
+    logger = logger or get_logger()
     _check_positive(iters=iters, batch_size=batch_size, save_interval=save_interval,
                     log_iters=log_iters)
     scheduler = _lr_scheduler(optimizer)
@@ -570,15 +573,14 @@ def train_from_config(config, device=None, save_dir='output', iters=None, batch_
         model = builder.model
         losses = builder.losses
         optimizer = builder.optimizer
-        # Opened after the builder, whose dataset checks log through get_logger(), which
-        # reconfigures the logger without a file.
-        logger = get_logger(os.path.join(save_dir, 'train.log'))
-        logger.info(f'Config {config}; Paddle {paddle.__version__}, device '
-                    f'{paddle.get_device()}, {dist.world_size()} process(es).')
-        return train(model, train_dataset, optimizer, losses, iters=cfg.iters,
-                     batch_size=cfg.batch_size, val_dataset=val_dataset, save_dir=save_dir,
-                     save_interval=save_interval, log_iters=log_iters,
-                     keep_checkpoint_max=keep_checkpoint_max, num_workers=num_workers,
-                     use_vdl=use_vdl, resume_model=resume_model, seed=seed, precision=precision,
-                     amp_level=amp_level, test_config=builder.test_config,
-                     sync_bn=bool(cfg.dic.get('sync_bn', True)), logger=logger)
+        with log_file(os.path.join(save_dir, 'train.log'), dist.is_main_process()):
+            get_logger().info(f'Config {config}; Paddle {paddle.__version__}, device '
+                              f'{paddle.get_device()}, {dist.world_size()} process(es).')
+            return train(model, train_dataset, optimizer, losses, iters=cfg.iters,
+                         batch_size=cfg.batch_size, val_dataset=val_dataset, save_dir=save_dir,
+                         save_interval=save_interval, log_iters=log_iters,
+                         keep_checkpoint_max=keep_checkpoint_max, num_workers=num_workers,
+                         use_vdl=use_vdl, resume_model=resume_model, seed=seed,
+                         precision=precision, amp_level=amp_level,
+                         test_config=builder.test_config,
+                         sync_bn=bool(cfg.dic.get('sync_bn', True)))

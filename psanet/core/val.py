@@ -8,6 +8,7 @@ named ``<city>_<seq>_<frame>_labelIds.png`` for the official evaluator
 (``CITYSCAPES_RESULTS=<save_dir> csEvalPixelLevelSemanticLabeling``), or the
 raw class ids for other datasets.
 """
+import math
 import os
 import time
 
@@ -17,20 +18,19 @@ import paddle
 from paddleseg.datasets import Cityscapes
 from paddleseg.utils import TimeAverager
 
-from psanet.core import dist, infer
+from psanet.core import dist, inference
 from psanet.core.checkpoint import load_model_weights, resolve_weights_path
-from psanet.core.cli import check_inference_flags
 from psanet.core.config import ComponentBuilder, load_config
-from psanet.core.errors import ConfigError
 from psanet.core.loader import build_eval_loader, raise_if_error, sample_paths
-from psanet.core.logger import get_logger
 from psanet.core.metrics import class_areas, summarize
 from psanet.core.runtime import autocast, set_device
 from psanet.data.prepare_cityscapes import train_ids_to_label_ids
 from psanet.data.validate import IMAGE_SUFFIX
+from psanet.errors import ConfigError
+from psanet.log import get_logger
 
-__all__ = ['evaluate', 'evaluate_from_config', 'merge_test_config', 'prediction_file_name',
-           'format_report']
+__all__ = ['evaluate', 'evaluate_from_config', 'merge_test_config', 'check_inference_flags',
+           'prediction_file_name', 'format_report']
 
 # The Cityscapes image name without its extension, e.g. '_leftImg8bit'.
 IMAGE_STEM_SUFFIX = os.path.splitext(IMAGE_SUFFIX)[0]
@@ -115,7 +115,7 @@ def evaluate(model, dataset, aug_eval=False, scales=1.0, flip_horizontal=False, 
     """
     logger = logger or get_logger()
     if is_slide:
-        crop_size, stride = infer.check_slide_args(crop_size, stride)
+        crop_size, stride = inference.check_slide_args(crop_size, stride)
     was_training = model.training
     model.eval()
     loader, sampler = build_eval_loader(dataset, num_workers=num_workers)
@@ -136,13 +136,14 @@ def evaluate(model, dataset, aug_eval=False, scales=1.0, flip_horizontal=False, 
             trans_info = data['trans_info'][0]
             with autocast(precision, amp_level):
                 if aug_eval:
-                    score = infer.aug_inference(model, image, trans_info, scales=scales,
-                                                flip_horizontal=flip_horizontal,
-                                                flip_vertical=flip_vertical, is_slide=is_slide,
-                                                crop_size=crop_size, stride=stride)
+                    score = inference.aug_inference(model, image, trans_info, scales=scales,
+                                                    flip_horizontal=flip_horizontal,
+                                                    flip_vertical=flip_vertical,
+                                                    is_slide=is_slide, crop_size=crop_size,
+                                                    stride=stride)
                 else:
-                    score = infer.inference(model, image, trans_info, is_slide=is_slide,
-                                            crop_size=crop_size, stride=stride)
+                    score = inference.inference(model, image, trans_info, is_slide=is_slide,
+                                                crop_size=crop_size, stride=stride)
             score = score.astype('float32')
             if list(score.shape[-2:]) != list(label.shape[-2:]):
                 raise ConfigError(
@@ -191,6 +192,72 @@ def merge_test_config(test_config, **flags):
     merged.update(test_config)
     merged.update({k: v for k, v in flags.items() if v is not None})
     return merged
+
+
+def check_inference_flags(flags, aug_flag, test_config=None):
+    """Raises ConfigError for an inference flag that would be ignored or has a bad value.
+
+    ``--scales`` and the flips only act with ``aug_flag``, ``--crop_size`` and
+    ``--stride`` only with ``--is_slide``: given without it, each would leave
+    the result unchanged without a word. The config's ``test_config`` counts
+    as given (its ``aug_eval`` switches on ``aug_flag``); its values are
+    checked too.
+
+    Args:
+        flags (dict | argparse.Namespace): the command line's values of
+            ``aug_eval`` / ``aug_pred`` (``aug_flag`` without dashes), ``scales``,
+            ``flip_horizontal``, ``flip_vertical``, ``is_slide``, ``crop_size`` and
+            ``stride``; None (or absent) where not given.
+        aug_flag (str): '--aug_eval' (val.py) or '--aug_pred' (predict.py).
+        test_config (dict, optional): the config's ``test_config``. Default: None.
+
+    Raises:
+        ConfigError: naming the flag and the flag it needs, or the bad value.
+    """
+    flags = flags if isinstance(flags, dict) else vars(flags)
+    given = {k: v for k, v in flags.items() if v is not None}
+    test_config = test_config or {}
+    if not isinstance(test_config, dict):
+        raise ConfigError(f'test_config must be a mapping of keys such as aug_eval and scales, '
+                          f'got {test_config!r}: fix it in the config.')
+    aug_key = aug_flag.lstrip('-')
+    aug = given.get(aug_key, test_config.get('aug_eval', False))
+    slide = given.get('is_slide', test_config.get('is_slide', False))
+    for name, switch, needs in (('scales', aug, aug_flag),
+                                ('flip_horizontal', aug, aug_flag),
+                                ('flip_vertical', aug, aug_flag),
+                                ('crop_size', slide, '--is_slide'),
+                                ('stride', slide, '--is_slide')):
+        if name in given and not switch:
+            raise ConfigError(f'--{name} only acts with {needs}, which is not set (on the command '
+                              f'line or in test_config): add {needs} or drop --{name}.')
+
+    def where(name):
+        return f'--{name}' if name in given else f'test_config.{name}'
+
+    scales = given.get('scales', test_config.get('scales'))
+    if scales is not None:
+        values = scales if isinstance(scales, (list, tuple)) else [scales]
+        if not values or not all(_positive_number(v) for v in values):
+            raise ConfigError(f'{where("scales")} must be positive numbers, e.g. 0.75 1.0 1.25, '
+                              f'got {scales!r}.')
+    for name in ('crop_size', 'stride'):
+        value = given.get(name, test_config.get(name))
+        if value is None:
+            if slide:
+                raise ConfigError(f'--is_slide needs --{name} WIDTH HEIGHT (or '
+                                  f'test_config.{name}): add it, e.g. --crop_size 1024 512 '
+                                  '--stride 768 384.')
+            continue
+        if (not isinstance(value, (list, tuple)) or len(value) != 2 or
+                not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)):
+            raise ConfigError(f'{where(name)} must be two positive integers (width height), '
+                              f'got {value!r}.')
+
+
+def _positive_number(value):
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and
+            math.isfinite(value) and value > 0)
 
 
 def evaluate_from_config(config, model_path, device=None, num_workers=0, aug_eval=None, scales=None,

@@ -16,8 +16,10 @@ import os
 import cv2
 import numpy as np
 
-from .validate import (CITYSCAPES_DOWNLOAD, CITYSCAPES_LAYOUT, IMAGE_SUFFIX,
-                       TRAIN_IDS_SUFFIX, DatasetError, check_dataset_root)
+from psanet.errors import DatasetError
+
+from .validate import (CITYSCAPES_DOWNLOAD, CITYSCAPES_LAYOUT, IMAGE_SUFFIX, TRAIN_IDS_SUFFIX,
+                       check_dataset_root)
 
 __all__ = ['prepare_cityscapes', 'format_summary', 'label_ids_to_train_ids',
            'train_ids_to_label_ids', 'LABEL_IDS_TO_TRAIN_IDS', 'TRAIN_IDS_TO_LABEL_IDS',

@@ -34,7 +34,9 @@ import cv2
 import numpy as np
 from PIL import Image
 
-__all__ = ['DatasetError', 'check_dataset_root', 'check_dataset_config',
+from psanet.errors import DatasetError, unreadable_image
+
+__all__ = ['check_dataset_root', 'check_dataset_config',
            'validate_dataset', 'label_values_error', 'CITYSCAPES_LAYOUT', 'CITYSCAPES_DOWNLOAD',
            'CHECK_CACHE_NAME']
 
@@ -60,10 +62,6 @@ _CACHE_VERSION = 1
 # A file modified this close to a check could change again within the file
 # system's timestamp granularity unseen: it is not remembered (git's "racy" rule).
 _RACY_NS = 2 * 10**9
-
-
-class DatasetError(ValueError):
-    """A dataset on disk that cannot be trained on; the message names the file and the fix."""
 
 
 def check_dataset_root(root, mode=None):
@@ -314,8 +312,7 @@ def _read_image(path):
         pass
     image = cv2.imread(path, cv2.IMREAD_COLOR)
     if image is None:
-        return (f'image {path} cannot be read (corrupt or not an image): re-extract or '
-                're-download it.')
+        return unreadable_image(path, 're-extract or re-download it.')
     return {'shape': list(image.shape[:2])}
 
 

@@ -1,10 +1,10 @@
-"""Deployment of an exported PSANet: deploy.yaml, predictor creation, pre/post-processing."""
-from .check import compare_with_dygraph
-from .config import DeployConfig, DeployError, graph_holds_custom_op
-from .predictor import OnnxRunner, PaddleRunner, create_predictor, load_custom_op
-from .processing import postprocess, preprocess, restore_label_map
-from .timing import StageTimer, format_table
+"""The runtime of an exported PSANet: deploy.yaml, predictors, pre/post-processing, timing.
 
-__all__ = ['DeployConfig', 'DeployError', 'graph_holds_custom_op', 'create_predictor',
-           'load_custom_op', 'PaddleRunner', 'OnnxRunner', 'preprocess', 'postprocess',
-           'restore_label_map', 'StageTimer', 'format_table', 'compare_with_dygraph']
+``config`` reads deploy.yaml, ``predictor`` creates Paddle Inference (or
+onnxruntime) runners, ``processing`` turns images into batches and outputs
+into label maps, ``infer_images`` runs a model over image files (the work of
+deploy/python/infer.py), ``timing`` measures the stages. It imports
+``psanet.contract``, ``psanet.errors``, ``psanet.log`` and the op loader
+only, never the engine, the models or export; importing this package loads
+none of its modules.
+"""

@@ -5,15 +5,13 @@ import struct
 
 import yaml
 
-from psanet.core.errors import UserError
+from psanet.contract import (DEFAULT_TRANSFORMS, DEPLOY_FILE, DEPLOY_SECTION, DYNAMIC_INPUT_SHAPE,
+                             PALETTES)
+from psanet.errors import DeployError
 
-__all__ = ['DeployConfig', 'DeployError', 'graph_holds_custom_op', 'check_params_file']
+__all__ = ['DeployConfig', 'graph_holds_custom_op', 'check_params_file']
 
 CUSTOM_OP_NAME = 'psa_mask'
-
-
-class DeployError(UserError, RuntimeError):
-    """A deployment step failed for a reason the message names, with the fix."""
 
 
 def graph_holds_custom_op(model_file):
@@ -152,7 +150,7 @@ class DeployConfig:
 
     def __init__(self, path):
         if os.path.isdir(path):
-            path = os.path.join(path, 'deploy.yaml')
+            path = os.path.join(path, DEPLOY_FILE)
         if not os.path.isfile(path):
             raise DeployError(f'deploy config not found: {path}. Pass the deploy.yaml that '
                               f'export.py wrote (export.py --config ... --model_path ... '
@@ -162,12 +160,12 @@ class DeployConfig:
                 dic = yaml.safe_load(f)
             except yaml.YAMLError as error:
                 raise DeployError(f'{path} is not valid YAML: {error}') from error
-        if not isinstance(dic, dict) or not isinstance(dic.get('Deploy'), dict):
+        if not isinstance(dic, dict) or not isinstance(dic.get(DEPLOY_SECTION), dict):
             raise DeployError(f'{path} has no `Deploy:` section; is it a deploy.yaml '
                               f'written by export.py?')
         self.path = path
         self.dir = os.path.dirname(os.path.abspath(path))
-        self.dic = dic['Deploy']
+        self.dic = dic[DEPLOY_SECTION]
         for key in ('model', 'params'):
             if key not in self.dic:
                 raise DeployError(f'{path}: Deploy.{key} is missing; export the model again.')
@@ -195,12 +193,12 @@ class DeployConfig:
     @property
     def transforms(self):
         """The val transforms as written (a list of dicts)."""
-        return [dict(t) for t in self.dic.get('transforms') or [{'type': 'Normalize'}]]
+        return [dict(t) for t in self.dic.get('transforms') or DEFAULT_TRANSFORMS]
 
     @property
     def input_shape(self):
         """``[N, C, H, W]`` with -1 for a dynamic dimension."""
-        return [int(s) for s in self.dic.get('input_shape', [-1, 3, -1, -1])]
+        return [int(s) for s in self.dic.get('input_shape', DYNAMIC_INPUT_SHAPE)]
 
     @property
     def output_op(self):
@@ -213,7 +211,6 @@ class DeployConfig:
     @property
     def palette(self):
         """'cityscapes' or 'default', as export.py decided from the config's val dataset."""
-        from psanet.core.predict import PALETTES
         palette = self.dic.get('palette', 'default')
         if palette not in PALETTES:
             raise DeployError(f'{self.path}: Deploy.palette is {palette!r}; it must be one of '

@@ -20,7 +20,11 @@ import os
 
 import numpy as np
 
-from .config import DeployConfig, DeployError, check_params_file
+from psanet.contract import INPUT_NAME
+from psanet.errors import DeployError
+from psanet.log import get_logger
+
+from .config import DeployConfig, check_params_file
 
 __all__ = ['create_predictor', 'PaddleRunner', 'OnnxRunner', 'load_custom_op']
 
@@ -29,17 +33,9 @@ _ONEDNN_BROKEN_PASS = 'onednn_placement_pass'
 PRECISIONS = ('fp32', 'fp16', 'int8')
 
 
-def _log(message):
-    # The engine's logger as the caller configured it (get_logger() would reset it).
-    import logging
-
-    from psanet.core.logger import LOGGER_NAME
-    logging.getLogger(LOGGER_NAME).info(message)
-
-
 def load_custom_op():
     """Registers the psa_mask op library, or raises DeployError saying how to get it."""
-    from psanet.ops import load_library
+    from psanet.ops.loader import load_library
     try:
         return load_library()
     except Exception as error:  # a failed build or a library Paddle cannot load
@@ -109,8 +105,9 @@ def _configure_cpu(config, enable_mkldnn, cpu_threads, use_trt, precision):
         # A few input sizes each get their own oneDNN primitives; bound the cache.
         config.set_mkldnn_cache_capacity(10)
         config.delete_pass(_ONEDNN_BROKEN_PASS)
-        _log('oneDNN on for the fused convolutions; its op placement pass is off '
-             '(Paddle 3.3 cannot run a saved bilinear_interp in oneDNN, Paddle issue 79749).')
+        get_logger().info('oneDNN on for the fused convolutions; its op placement pass is off '
+                          '(Paddle 3.3 cannot run a saved bilinear_interp in oneDNN, Paddle issue '
+                          '79749).')
     else:
         config.disable_mkldnn()
 
@@ -131,7 +128,6 @@ def _configure_gpu(config, deploy, use_trt, precision):
         config.enable_tensorrt_engine(workspace_size=1 << 30, max_batch_size=1,
                                       min_subgraph_size=3, precision_mode=mode,
                                       use_static=False, use_calib_mode=False)
-        from psanet.export import INPUT_NAME
         n, c, h, w = deploy.input_shape
         if min(n, h, w) < 0:
             # TensorRT needs a range for each dynamic dimension: up to 2048x2048,

@@ -2,7 +2,8 @@
 import cv2
 import numpy as np
 
-from .config import DeployError
+from psanet.contract import OUTPUT_OPS
+from psanet.errors import DeployError, unreadable_image
 
 __all__ = ['preprocess', 'postprocess', 'restore_label_map']
 
@@ -23,7 +24,8 @@ def preprocess(image_paths, transforms):
     for path in image_paths:
         image = path if isinstance(path, np.ndarray) else cv2.imread(path, cv2.IMREAD_COLOR)
         if image is None:
-            raise DeployError(f'cannot read the image {path}: missing, empty or not an image.')
+            raise DeployError(unreadable_image(path, 'check the path, and that the file is a '
+                                                     'whole JPEG, PNG or BMP image.'))
         data = transforms({'img': image.astype('float32'), 'trans_info': []})
         images.append(image)
         inputs.append(data['img'])
@@ -50,13 +52,10 @@ def postprocess(output, output_op, trans_infos=None):
     """
     if output.ndim != 4:
         raise DeployError(f'expected a 4-D model output, got shape {list(output.shape)}.')
-    if output_op == 'argmax':
-        labels = output[:, 0]
-    elif output_op in ('softmax', 'none'):
-        labels = np.argmax(output, axis=1)
-    else:
-        raise DeployError(f"unknown output_op {output_op!r} in deploy.yaml; expected "
-                          "'argmax', 'softmax' or 'none'.")
+    if output_op not in OUTPUT_OPS:
+        raise DeployError(f'unknown output_op {output_op!r} in deploy.yaml; expected one of '
+                          f'{OUTPUT_OPS}.')
+    labels = output[:, 0] if output_op == 'argmax' else np.argmax(output, axis=1)
     labels = labels.astype('uint8')
     trans_infos = trans_infos or [[] for _ in range(len(labels))]
     return [restore_label_map(label, info) for label, info in zip(labels, trans_infos)]

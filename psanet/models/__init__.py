@@ -1,4 +1,4 @@
 """Model components; importing registers them in paddleseg's manager.MODELS."""
-from .psanet import ArgumentError, PSAHead, PSANet
+from .psanet import PSAHead, PSANet
 
-__all__ = ['PSANet', 'PSAHead', 'ArgumentError']
+__all__ = ['PSANet', 'PSAHead']

@@ -7,24 +7,12 @@ from paddleseg.cvlibs import manager
 from paddleseg.models import layers
 from paddleseg.utils import utils
 
+from psanet.errors import ArgumentError
 from psanet.ops import PSAMask
 
-__all__ = ['PSANet', 'PSAHead', 'PSABranch', 'ArgumentError']
+__all__ = ['PSANet', 'PSAHead', 'PSABranch']
 
 _COLLECT, _DISTRIBUTE, _BIDIRECTION = 0, 1, 2
-
-
-class ArgumentError(ValueError):
-    """A constructor argument of the wrong type or out of range.
-
-    ``argument`` is its name (the key in the config's ``model`` section),
-    ``requirement`` says what it accepts, ``value`` is what was given; the
-    config builder turns it into ``model.<argument> must be ...``.
-    """
-
-    def __init__(self, argument, requirement, value):
-        self.argument, self.requirement, self.value = argument, requirement, value
-        super().__init__(f'{argument} must be {requirement}, got {value!r}.')
 
 
 def _is_int(value):

@@ -1,19 +1,19 @@
 """The work of ``deploy/python/infer.py``: an exported model over image files.
 
-Writes, like ``predict.py``, ``<save_dir>/pseudo_color_prediction/<rel>.png``
-(palette PNG of class ids) and ``<save_dir>/added_prediction/<rel>`` (the
-image blended with the class colours), and with ``benchmark=True`` prints the
+Writes what ``predict.py`` writes (:func:`psanet.contract.save_prediction`:
+``<save_dir>/pseudo_color_prediction/<rel>.png`` and
+``<save_dir>/added_prediction/<rel>``), and with ``benchmark=True`` prints the
 preprocess / inference / postprocess time per image as a table. An image that
 cannot be read is reported and skipped; the others are still written, and the
 run ends with ``UnreadableImagesError`` naming the skipped ones.
 """
 import os
 
-from psanet.core.logger import get_logger
-from psanet.core.predict import (UnreadableImagesError, check_save_dir, color_map,
-                                 get_image_list, read_image, save_prediction)
+from psanet.contract import check_save_dir, color_map, get_image_list, read_images, save_prediction
+from psanet.errors import DeployError, UnreadableImagesError
+from psanet.log import get_logger
 
-from .config import DeployConfig, DeployError
+from .config import DeployConfig
 from .predictor import PaddleRunner
 from .processing import postprocess, preprocess
 from .timing import StageTimer, format_table
@@ -33,14 +33,13 @@ def _readable_batches(images, batch_size, unreadable, logger, timer):
     ``unreadable`` and left out, so that the batches after it still run.
     """
     batch = []
-    for path, relative in images:
+    readable = read_images(images, unreadable, logger)
+    while True:
         with timer.stage('preprocess'):
-            image = read_image(path)
-        if image is None:
-            logger.error(f'cannot read image {path} (corrupt or not an image); skipped.')
-            unreadable.append(path)
-            continue
-        batch.append((image, relative))
+            item = next(readable, None)
+        if item is None:
+            break
+        batch.append(item)
         if len(batch) == batch_size:
             yield batch
             batch = []
@@ -59,7 +58,7 @@ def infer(config, image_path, save_dir='./output', batch_size=1, device='cpu', u
         save_dir (str, optional): Output root. Default: './output'.
         batch_size (int, optional): Images per predictor run. Default: 1.
         device, use_trt, precision, enable_mkldnn, cpu_threads, print_detail: see
-            :func:`psanet.deploy.create_predictor`.
+            :func:`psanet.deploy.predictor.create_predictor`.
         benchmark (bool, optional): Warm up, then print the per-image stage times. Default: False.
         model_name (str, optional): Named in the benchmark table's title. Default: ''.
         logger (logging.Logger, optional): Default: the engine's 'psanet' logger.

@@ -42,13 +42,12 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
-from psanet.core.errors import ConfigError, UserError
+from psanet.errors import ConfigError, InferenceMemoryError
 from psanet.models.psanet import PSABranch
 
 __all__ = ['reverse_transform', 'slide_windows', 'slide_inference', 'inference',
-           'aug_inference', 'flip_combinations', 'check_slide_args', 'InferenceMemoryError',
-           'available_memory', 'attention_map_shapes', 'attention_memory',
-           'check_attention_memory']
+           'aug_inference', 'flip_combinations', 'check_slide_args', 'available_memory',
+           'attention_map_shapes', 'attention_memory', 'check_attention_memory']
 
 
 def reverse_transform(logit, trans_info, mode='bilinear'):
@@ -272,10 +271,6 @@ def _scaled_size(height, width, scale):
 # 15.6 GB for one 4000x4000 image at output stride 8 and shrink factor 2.
 # Branches run one after another; while a branch softmaxes its map, the map
 # and its softmax are both alive, which is the peak checked here.
-
-class InferenceMemoryError(UserError, MemoryError):
-    """A network input too large for the memory there is; the message names a size that fits."""
-
 
 # A suggested window leaves this share of the available memory to the rest of
 # the network (backbone activations, the logits of the whole image).

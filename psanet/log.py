@@ -1,0 +1,113 @@
+"""The 'psanet' logger: fetched without side effects, configured once per command.
+
+:func:`get_logger` only returns the logger. A command line configures it once
+(:func:`psanet.cli.run_cli` calls :func:`setup_logging`), and so does training,
+which can be called from Python: rank 0 prints INFO lines to stdout, other
+ranks stay silent. Training adds its ``train.log`` for the length of a run
+with :func:`log_file`. This module imports nothing of ours.
+"""
+import contextlib
+import logging
+import os
+import sys
+
+__all__ = ['LOGGER_NAME', 'get_logger', 'setup_logging', 'log_file']
+
+LOGGER_NAME = 'psanet'
+_FORMATTER = logging.Formatter('%(asctime)s [%(levelname)s]\t%(message)s', '%Y-%m-%d %H:%M:%S')
+_SILENT = logging.CRITICAL + 1
+
+
+def get_logger():
+    """The 'psanet' logger, as whoever configured it left it (never changed here)."""
+    return logging.getLogger(LOGGER_NAME)
+
+
+class _StdoutHandler(logging.StreamHandler):
+    """Writes to ``sys.stdout`` as it is at each line, so a replaced stdout still gets them.
+
+    (As ``logging.lastResort`` does for stderr.)
+    """
+
+    def __init__(self):
+        super().__init__(sys.stdout)
+
+    @property
+    def stream(self):
+        return sys.stdout
+
+    @stream.setter
+    def stream(self, value):
+        pass
+
+
+# What setup_logging adds and replaces; log_file's handlers are its own to remove.
+_CONSOLE_HANDLERS = (_StdoutHandler, logging.NullHandler)
+
+
+def setup_logging(main_process=None):
+    """Sets where the 'psanet' logger prints, replacing what an earlier call set.
+
+    Rank 0 prints INFO lines to stdout; other ranks stay silent. The files of
+    open :func:`log_file` blocks keep their lines.
+
+    Args:
+        main_process (bool, optional): True prints, False silences the logger.
+            Default: None, rank 0 of ``paddle.distributed`` (read from the
+            environment ``paddle.distributed.launch`` sets).
+
+    Returns:
+        logging.Logger: the 'psanet' logger.
+    """
+    if main_process is None:
+        import paddle.distributed
+        main_process = paddle.distributed.get_rank() == 0
+    logger = get_logger()
+    for handler in [h for h in logger.handlers if isinstance(h, _CONSOLE_HANDLERS)]:
+        logger.removeHandler(handler)
+    logger.propagate = False
+    if not main_process:
+        logger.addHandler(logging.NullHandler())
+        logger.setLevel(_SILENT)
+        return logger
+    logger.setLevel(logging.INFO)
+    handler = _StdoutHandler()
+    handler.setFormatter(_FORMATTER)
+    logger.addHandler(handler)
+    return logger
+
+
+@contextlib.contextmanager
+def log_file(path, main_process=True):
+    """Within the block the 'psanet' logger's lines also go to ``path`` (appended).
+
+    Its folder is made when missing. Nothing is written, and no file made, on a
+    process other than the main one or when :func:`setup_logging` silenced the
+    logger. A logger no one configured logs INFO lines for the block. Within a
+    block for the same file, a second block adds nothing (each line is written once).
+
+    Args:
+        path (str): e.g. ``<save_dir>/train.log``.
+        main_process (bool, optional): False: do nothing (the other ranks of a
+            multi-process run). Default: True.
+    """
+    logger = get_logger()
+    path = os.path.abspath(path)
+    if (not main_process or logger.level == _SILENT or
+            any(getattr(h, 'baseFilename', None) == path for h in logger.handlers)):
+        yield
+        return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    handler = logging.FileHandler(path)
+    handler.setFormatter(_FORMATTER)
+    unconfigured = logger.level == logging.NOTSET
+    if unconfigured:
+        logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+        if unconfigured:
+            logger.setLevel(logging.NOTSET)

@@ -1,0 +1,154 @@
+"""Which way the imports point: a one-way module graph, light leaves, a runtime without the engine.
+
+The static checks read every ``import psanet...`` / ``from psanet... import``
+/ ``from . import`` statement in psanet/**/*.py (module level or inside a
+function alike); the others import in a fresh interpreter and look at
+``sys.modules``.
+"""
+import ast
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+PACKAGE = os.path.join(ROOT, 'psanet')
+# Leaves: what every layer may import. errors and log import nothing of ours;
+# contract raises errors, cli runs commands with errors and log.
+LEAVES = {
+    'psanet.errors': set(),
+    'psanet.log': set(),
+    'psanet.contract': {'psanet.errors'},
+    'psanet.cli': {'psanet.errors', 'psanet.log'},
+}
+# What the deploy runtime may import besides itself.
+RUNTIME_MAY_IMPORT = {'psanet.contract', 'psanet.errors', 'psanet.log', 'psanet.ops.loader'}
+# What importing the runtime must not load: the engine, the data tools, export.
+ENGINE_PREFIXES = ('psanet.core', 'psanet.data', 'psanet.export')
+
+
+def _module_name(path):
+    parts = os.path.relpath(path, ROOT)[:-len('.py')].split(os.sep)
+    return '.'.join(parts[:-1] if parts[-1] == '__init__' else parts)
+
+
+def _modules():
+    found = {}
+    for folder, _, files in os.walk(PACKAGE):
+        for name in files:
+            if name.endswith('.py'):
+                path = os.path.join(folder, name)
+                found[_module_name(path)] = path
+    return found
+
+
+def _imports(name, path, modules):
+    """The psanet modules ``name`` imports, anywhere in its file."""
+    is_package = os.path.basename(path) == '__init__.py'
+    package = name if is_package else name.rpartition('.')[0]
+    with open(path) as f:
+        tree = ast.parse(f.read(), path)
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split('.')
+                base = base[:len(base) - node.level + 1]
+                source = '.'.join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module
+            # `from a import b`: the module a.b when there is one, else a.
+            targets = [f'{source}.{alias.name}' if f'{source}.{alias.name}' in modules
+                       else source for alias in node.names]
+        else:
+            continue
+        found.update(t for t in targets if t == 'psanet' or t.startswith('psanet.'))
+    found.discard(name)
+    return found
+
+
+@pytest.fixture(scope='module')
+def graph():
+    modules = _modules()
+    return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+def test_the_package_has_no_import_cycle(graph):
+    state = {}
+
+    def visit(name, trail):
+        if state.get(name) == 'done':
+            return
+        assert state.get(name) != 'open', ' -> '.join(trail + [name])
+        state[name] = 'open'
+        for target in sorted(graph.get(name, ())):
+            visit(target, trail + [name])
+        state[name] = 'done'
+
+    for name in sorted(graph):
+        visit(name, [])
+
+
+@pytest.mark.parametrize('leaf', sorted(LEAVES))
+def test_the_leaves_import_only_the_leaves_below_them(graph, leaf):
+    assert graph[leaf] <= LEAVES[leaf], graph[leaf] - LEAVES[leaf]
+
+
+def test_the_runtime_imports_neither_the_engine_nor_the_models_nor_export(graph):
+    for name, targets in graph.items():
+        if name.startswith('psanet.deploy'):
+            outside = {t for t in targets if not t.startswith('psanet.deploy')}
+            assert outside <= RUNTIME_MAY_IMPORT, (name, outside - RUNTIME_MAY_IMPORT)
+
+
+def test_nothing_imports_export(graph):
+    assert not [name for name, targets in graph.items() if 'psanet.export' in targets]
+
+
+def test_ops_import_nothing_of_ours_and_models_only_ops_and_errors(graph):
+    for name, targets in graph.items():
+        if name.startswith('psanet.ops'):
+            assert all(t.startswith('psanet.ops') for t in targets), (name, targets)
+        if name.startswith('psanet.models'):
+            assert all(t.startswith(('psanet.models', 'psanet.ops')) or t == 'psanet.errors'
+                       for t in targets), (name, targets)
+
+
+def _loaded_after(code):
+    """The psanet modules in sys.modules after running ``code`` in a fresh interpreter."""
+    probe = code + ('\nimport json, sys\n'
+                    'print(json.dumps(sorted(m for m in sys.modules '
+                    "if m == 'psanet' or m.startswith('psanet.'))))")
+    result = subprocess.run([sys.executable, '-c', probe], cwd=ROOT, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_importing_the_runtime_loads_no_engine_data_or_export_code():
+    # All of them in one interpreter: what none of them loads, the union does not load.
+    runtime = sorted(name for name in _modules() if name.startswith('psanet.deploy'))
+    loaded = _loaded_after('\n'.join(f'import {name}' for name in runtime))
+    assert set(runtime) <= set(loaded)
+    assert not [m for m in loaded if m.startswith(ENGINE_PREFIXES)], loaded
+
+
+def test_the_deploy_command_line_loads_no_engine_data_or_export_code():
+    # The script's imports, as `python deploy/python/infer.py` runs them, without running it.
+    loaded = _loaded_after(
+        'import importlib.util\n'
+        "spec = importlib.util.spec_from_file_location('infer_script', "
+        "'deploy/python/infer.py')\n"
+        'spec.loader.exec_module(importlib.util.module_from_spec(spec))')
+    assert 'psanet.deploy.infer_images' in loaded
+    assert not [m for m in loaded if m.startswith(ENGINE_PREFIXES)], loaded
+
+
+def test_importing_the_engine_package_loads_none_of_its_modules():
+    loaded = _loaded_after('import psanet.core')
+    assert not [m for m in loaded if m.startswith('psanet.core.')], loaded
