@@ -27,7 +27,8 @@ def parse_args(argv=None):
                         help='Checkpoints, train.log and VisualDL logs go here.')
     parser.add_argument('--iters', type=int, default=None, help='Overrides iters of the config.')
     parser.add_argument('--batch_size', type=int, default=None,
-                        help='Images per process; overrides batch_size of the config.')
+                        help='Images per card (per process): on 4 cards, --batch_size 2 is 8 '
+                        'images per step; overrides batch_size of the config.')
     parser.add_argument('--learning_rate', type=float, default=None,
                         help='Overrides lr_scheduler.learning_rate of the config.')
     parser.add_argument('--save_interval', type=int, default=1000,

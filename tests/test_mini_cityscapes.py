@@ -1,19 +1,23 @@
-"""mini Cityscapes: read by paddleseg's Cityscapes, official encodings, determinism, learnable scenes."""
+"""mini Cityscapes: read by paddleseg's Cityscapes, official encodings (instances too), determinism,
+learnable scenes."""
 import filecmp
 import glob
 import os
 import runpy
 import sys
+from collections import Counter
 
 import cv2
 import numpy as np
 import pytest
 from cityscapesscripts.helpers.labels import labels as CITYSCAPES_LABELS
+from cityscapesscripts.helpers.labels import id2label, name2label
 from PIL import Image
 
+from cityscapes_reference import reference_train_ids
 from conftest import ROOT
+from psanet.data import mini_cityscapes
 from psanet.data.mini_cityscapes import MARKER, generate
-from test_prepare_cityscapes import reference_train_ids
 
 SIZE = (96, 48)  # (width, height): odd-ish, not the default, to catch width/height swaps
 NUM_TRAIN, NUM_VAL = 8, 4
@@ -64,7 +68,7 @@ def test_layout_and_names(mini):
             parts = stem.split('_')
             assert parts[0] == city and len(parts) == 3 and all(len(p) == 6 and p.isdigit()
                                                                 for p in parts[1:])
-            for suffix in ('labelIds', 'labelTrainIds', 'color'):
+            for suffix in ('labelIds', 'labelTrainIds', 'color', 'instanceIds'):
                 assert os.path.isfile(os.path.join(root, 'gtFine', split, city,
                                                    f'{stem}_gtFine_{suffix}.png'))
     assert os.path.isfile(os.path.join(root, MARKER))
@@ -82,6 +86,91 @@ def test_label_ids_and_train_ids_agree_through_the_official_table(mini):
         color = np.asarray(Image.open(path.replace('_labelIds.png', '_color.png')).convert('RGB'))
         for value in np.unique(label_ids):
             assert (color[label_ids == value] == colors[int(value)]).all()
+
+
+HAS_INSTANCES = np.array([id2label[i].hasInstances if i in id2label else False for i in range(256)])
+
+
+def test_instance_ids_follow_the_cityscapes_encoding(mini):
+    """As cityscapesscripts' json2instanceImg writes them: 16-bit, label id * 1000 + instance
+    number on classes with instances, the label id everywhere else."""
+    root, _ = mini
+    paths = files(root, 'gtFine/*/*/*_gtFine_instanceIds.png')
+    assert len(paths) == NUM_TRAIN + NUM_VAL
+    most = 0
+    for path in paths:
+        instance_ids = read_label(path)
+        label_ids = read_label(path.replace('_instanceIds.png', '_labelIds.png'))
+        assert instance_ids.dtype == np.uint16 and instance_ids.shape == label_ids.shape
+        objects = HAS_INSTANCES[label_ids]
+        np.testing.assert_array_equal(instance_ids[~objects], label_ids[~objects])
+        np.testing.assert_array_equal(instance_ids[objects] // 1000, label_ids[objects])
+        for label_id in np.unique(label_ids[objects]):
+            most = max(most, np.unique(instance_ids[label_ids == label_id]).size)
+    assert most >= 2  # some image holds several objects of a class
+
+
+def test_each_object_is_an_instance_of_its_own(tmp_path, monkeypatch):
+    """Each object drawn (a car, a person; a bicycle and its rider are two) has one instance
+    id per class, and no two objects share one: checked against which drawing call painted
+    each pixel last, recorded while the generator runs."""
+    draws, paint, scene = mini_cityscapes._objects, mini_cityscapes._Scene.paint, \
+        mini_cityscapes._scene
+    drawing = [None]  # the object whose drawing call runs
+    renders, kept = [], []
+
+    def objects(*args):
+        def tracked(number, draw):
+            def run():
+                drawing[0] = number
+                try:
+                    return draw()
+                finally:
+                    drawing[0] = None
+            return run
+        listed = draws(*args)
+        renders.append([])  # one _render, one call of _objects
+        return [(y, tracked(number, draw)) for number, (y, draw) in enumerate(listed)]
+
+    def recorded_paint(self, mask, name, *args, **kwargs):
+        if renders:
+            renders[-1].append((drawing[0], name, np.array(mask, bool)))
+        return paint(self, mask, name, *args, **kwargs)
+
+    def recorded_scene(*args):
+        del renders[:]
+        result = scene(*args)
+        kept.append(renders[-1])  # the paint of the render the image comes from
+        return result
+
+    monkeypatch.setattr(mini_cityscapes, '_objects', objects)
+    monkeypatch.setattr(mini_cityscapes._Scene, 'paint', recorded_paint)
+    monkeypatch.setattr(mini_cityscapes, '_scene', recorded_scene)
+    root = str(tmp_path / 'mini')
+    count = 6
+    generate(root, count, 0, SIZE, seed=1, cities=['town'])
+    shared = 0
+    for index, painted in enumerate(kept):
+        stem = os.path.join(root, 'gtFine', 'train', 'town', f'town_{index:06d}_000019_gtFine_')
+        label_ids = read_label(stem + 'labelIds.png')
+        instance_ids = read_label(stem + 'instanceIds.png')
+        owner = np.full(label_ids.shape, -1)  # (object, class) painted last, -1: not an object
+        owners = []
+        for number, name, mask in painted:
+            if name2label[name].hasInstances:
+                assert number is not None, f'{name} painted outside an object'
+                if (number, name) not in owners:
+                    owners.append((number, name))
+                owner[mask] = owners.index((number, name))
+            else:
+                owner[mask] = -1
+        objects = HAS_INSTANCES[label_ids]
+        assert (owner[objects] >= 0).all()
+        pairs = set(zip(owner[objects].tolist(), instance_ids[objects].tolist()))
+        assert len({o for o, _ in pairs}) == len({i for _, i in pairs}) == len(pairs), index
+        visible = Counter(name for _, name in {owners[o] for o, _ in pairs})
+        shared = max([shared, *visible.values()])
+    assert len(kept) == count and shared >= 2  # several objects of one class were told apart
 
 
 def test_every_train_class_and_ignore_appear_in_train(mini):
@@ -146,7 +235,7 @@ def test_same_seed_same_bytes_other_seed_other_images(tmp_path, mini):
     root_a, names_a = make('a', 3)
     root_b, names_b = make('b', 3)
     root_c, names_c = make('c', 4)
-    assert names_a == names_b == names_c and len(names_a) == 3 * 4
+    assert names_a == names_b == names_c and len(names_a) == 3 * 5
     for name in names_a:
         assert filecmp.cmp(os.path.join(root_a, name), os.path.join(root_b, name), shallow=False)
     for name in names_a:
@@ -164,7 +253,7 @@ def test_regenerating_replaces_and_other_datasets_are_kept(tmp_path):
     generate(root, 3, 2, SIZE)
     generate(root, 1, 1, SIZE)
     assert len(files(root, 'leftImg8bit/*/*/*.png')) == 2
-    assert len(files(root, 'gtFine/*/*/*.png')) == 2 * 3
+    assert len(files(root, 'gtFine/*/*/*.png')) == 2 * 4
     other = tmp_path / 'real'
     (other / 'leftImg8bit' / 'train').mkdir(parents=True)
     with pytest.raises(FileExistsError, match='leftImg8bit'):

@@ -10,6 +10,7 @@ import pytest
 from cityscapesscripts.helpers.labels import labels as CITYSCAPES_LABELS
 from PIL import Image
 
+from cityscapes_reference import reference_train_ids
 from conftest import ROOT
 from psanet.data.prepare_cityscapes import (label_ids_to_train_ids, prepare_cityscapes,
                                             train_ids_to_label_ids)
@@ -80,15 +81,6 @@ def fake(tmp_path):
     label_ids = np.random.default_rng(0).integers(0, 34, (HEIGHT, WIDTH)).astype(np.uint8)
     cv2.imwrite(gt(root, 'train', '000001_000019', 'labelIds.png'), label_ids)
     return root, label_ids
-
-
-def reference_train_ids(label_ids):
-    """label id -> train id straight from the official list, one pixel at a time."""
-    table = {l.id: (l.trainId if 0 <= l.trainId < 255 else 255) for l in CITYSCAPES_LABELS}
-    out = np.empty_like(label_ids)
-    for index, value in np.ndenumerate(label_ids):
-        out[index] = table[int(value)]
-    return out
 
 
 def check_outputs(root, label_ids):

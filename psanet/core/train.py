@@ -86,6 +86,40 @@ _RESUME_ANOTHER_MODEL = ('Resume with the config the checkpoint was trained with
                          '--save_dir.')
 
 
+def format_batch_size(batch_size, world_size, recipe_batch_size=None, unit='card'):
+    """How many images a step takes, for the start-of-training log line.
+
+    One process: ``batch_size B x 1 process(es)``. More: batch_size is per
+    process, so W processes take B x W images a step, not the B a config's
+    recipe (written for one card) assumes; the line says so and which
+    ``--batch_size`` gives the recipe's step.
+
+    Args:
+        batch_size (int): images per process and step.
+        world_size (int): processes.
+        recipe_batch_size (int, optional): images per step the config's recipe
+            assumes (the config file's batch_size); None leaves the comparison out.
+        unit (str, optional): what a process runs on, 'card' or 'process'. Default: 'card'.
+
+    Returns:
+        str: e.g. ``batch_size 8 per card x 4 cards = 32 images per step; the config's
+        recipe assumes 8 per step on one card: use --batch_size 2 for it``.
+    """
+    if world_size == 1:
+        return f'batch_size {batch_size} x {world_size} process(es)'
+    units = unit + ('es' if unit.endswith('s') else 's')
+    step = batch_size * world_size
+    line = f'batch_size {batch_size} per {unit} x {world_size} {units} = {step} images per step'
+    if recipe_batch_size is None:
+        return line
+    recipe = f"the config's recipe assumes {recipe_batch_size} per step on one card"
+    if step == recipe_batch_size:
+        return f"{line}, as the config's recipe ({recipe_batch_size} per step on one card)"
+    if recipe_batch_size % world_size == 0:
+        return f'{line}; {recipe}: use --batch_size {recipe_batch_size // world_size} for it'
+    return f'{line}; {recipe}, which {world_size} {units} cannot split evenly'
+
+
 def _resume_changes(state, batch_size, world_size, iters_per_epoch, num_images):
     """What differs from the run that saved ``state``, each by its cause (empty: nothing).
 
@@ -222,7 +256,8 @@ class _Step(NamedTuple):
 def train(model, train_dataset, optimizer, losses, iters, batch_size, val_dataset=None,
           save_dir='output', save_interval=1000, log_iters=10, keep_checkpoint_max=5,
           num_workers=0, use_vdl=False, resume_model=None, seed=None, precision='fp32',
-          amp_level='O1', test_config=None, sync_bn=True, overwrite=False, logger=None):
+          amp_level='O1', test_config=None, sync_bn=True, overwrite=False, logger=None,
+          recipe_batch_size=None):
     """Trains ``model`` for ``iters`` iterations.
 
     Args:
@@ -253,6 +288,9 @@ def train(model, train_dataset, optimizer, losses, iters, batch_size, val_datase
             resuming, those after resume_model) instead of refusing it. Default: False.
         logger (logging.Logger, optional): Default: the 'psanet' logger, also writing
             <save_dir>/train.log.
+        recipe_batch_size (int, optional): images per step of the config's recipe (its
+            batch_size on one card); with more than one process the start-of-training log
+            line says which batch_size gives it. Default: None.
 
     Returns:
         dict: ``losses`` (the global mean total loss of every iteration run here),
@@ -274,12 +312,12 @@ def train(model, train_dataset, optimizer, losses, iters, batch_size, val_datase
         return _train(model, train_dataset, optimizer, losses, iters, batch_size, val_dataset,
                       save_dir, save_interval, log_iters, keep_checkpoint_max, num_workers,
                       use_vdl, resume_model, seed, precision, amp_level, test_config, sync_bn,
-                      logger)
+                      logger, recipe_batch_size)
 
 
 def _train(model, train_dataset, optimizer, losses, iters, batch_size, val_dataset, save_dir,
            save_interval, log_iters, keep_checkpoint_max, num_workers, use_vdl, resume_model,
-           seed, precision, amp_level, test_config, sync_bn, logger):
+           seed, precision, amp_level, test_config, sync_bn, logger, recipe_batch_size):
     """:func:`train` in a save_dir that this run owns."""
     main = dist.is_main_process()
     world_size = dist.world_size()
@@ -314,9 +352,10 @@ def _train(model, train_dataset, optimizer, losses, iters, batch_size, val_datas
                main=main)
 
     model.train()
+    images_per_step = format_batch_size(batch_size, world_size, recipe_batch_size,
+                                        unit='card' if on_gpu() else 'process')
     logger.info(f'Training {iters} iterations from {state.start_iter}: {len(train_dataset)} '
-                f'images, {run.iters_per_epoch} iterations per epoch, batch_size {batch_size} x '
-                f'{world_size} process(es).')
+                f'images, {run.iters_per_epoch} iterations per epoch, {images_per_step}.')
     _train_loop(run, state)
     if run.writer is not None:
         run.writer.close()
@@ -583,4 +622,16 @@ def train_from_config(config, device=None, save_dir='output', iters=None, batch_
                          use_vdl=use_vdl, resume_model=resume_model, seed=seed,
                          precision=precision, amp_level=amp_level,
                          test_config=builder.test_config,
-                         sync_bn=bool(cfg.dic.get('sync_bn', True)))
+                         sync_bn=bool(cfg.dic.get('sync_bn', True)),
+                         recipe_batch_size=_recipe_batch_size(config))
+
+
+def _recipe_batch_size(config):
+    """The config file's batch_size, before --batch_size and --opts; None if the file cannot
+    be read without its --opts. Read only with more than one process, where the log uses it."""
+    if dist.world_size() == 1:
+        return None
+    try:
+        return load_config(config).batch_size
+    except ConfigError:  # the file needs its --opts to pass the checks
+        return None

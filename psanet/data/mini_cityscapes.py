@@ -10,7 +10,10 @@ characteristic colour, texture, size and place (cars with wheels on the
 road, people on the sidewalks, signs and lights on poles, trams near the
 horizon, ...), jittered and noisy. Ignored pixels (train id 255) come from
 a rectification border, an ego-vehicle bonnet, parking lots, rail tracks,
-static objects and unlabeled object outlines, as in the real labels.
+static objects and unlabeled object outlines, as in the real labels. Each
+car, person, rider, bicycle, ... is an instance of its own in
+``*_gtFine_instanceIds.png``, which the official pixel-level evaluator reads
+for its instance-weighted iIoU.
 
 Same seed, same bytes; image ``i`` of a split does not depend on how many
 images are made, so a smaller dataset is a prefix of a larger one.
@@ -28,6 +31,7 @@ from .validate import IMAGE_SUFFIX, TRAIN_IDS_SUFFIX
 __all__ = ['generate', 'format_summary', 'DEFAULT_CITIES', 'MARKER', 'TRAIN_CLASSES']
 
 COLOR_SUFFIX = '_gtFine_color.png'
+INSTANCE_IDS_SUFFIX = '_gtFine_instanceIds.png'
 MARKER = 'mini_cityscapes.json'
 DEFAULT_CITIES = {'train': ('aachen', 'bochum', 'bremen'),
                   'val': ('frankfurt', 'lindau', 'munster')}
@@ -41,14 +45,16 @@ def _label_table():
     from cityscapesscripts.helpers.labels import labels
     ids = {label.name: label.id for label in labels if label.id >= 0}
     colors = np.zeros((256, 3), np.uint8)
+    has_instances = np.zeros(256, bool)
     for label in labels:
         if label.id >= 0:
             colors[label.id] = label.color
+            has_instances[label.id] = label.hasInstances
     train = sorted((label.trainId, label.name) for label in labels if 0 <= label.trainId < 255)
-    return ids, colors, tuple(name for _, name in train)
+    return ids, colors, tuple(name for _, name in train), has_instances
 
 
-_ID, _ID_COLORS, TRAIN_CLASSES = _label_table()
+_ID, _ID_COLORS, TRAIN_CLASSES, _HAS_INSTANCES = _label_table()
 
 # Classes that a random scene may miss: each image is made to hold two of
 # them in turn, so any ceil(11 / 2) = 6 consecutive images hold all 19.
@@ -65,13 +71,33 @@ _SKIN = ((226, 184, 152), (190, 140, 105), (140, 96, 66), (95, 64, 46))
 
 
 class _Scene:
-    """A label-id map and an RGB float image painted together, back to front."""
+    """A label-id map and an RGB float image painted together, back to front.
+
+    Painting a class with instances (car, person, ...) also writes the
+    current object's instance number of that class into ``instances``:
+    objects are numbered per class from 0 in the order they are drawn, as
+    cityscapesscripts' ``json2instanceImg`` numbers polygons.
+    """
 
     def __init__(self, width, height, rng):
         self.w, self.h, self.rng = width, height, rng
         self.ids = np.zeros((height, width), np.uint8)
+        self.instances = np.zeros((height, width), np.uint16)
         self.rgb = np.zeros((height, width, 3), np.float32)
         self.yy, self.xx = np.mgrid[0:height, 0:width].astype(np.float32)
+        self._object = 0
+        self._numbers = {}  # (object, label id) -> instance number
+        self._next_number = {}  # label id -> instance number of its next object
+
+    def new_object(self):
+        """What is painted from now on is another object (a rider is one of a bicycle's)."""
+        self._object += 1
+
+    def instance_ids(self):
+        """Cityscapes' ``instanceIds``: label id * 1000 + instance number on classes with
+        instances, the label id elsewhere."""
+        ids = self.ids.astype(np.uint16)
+        return np.where(_HAS_INSTANCES[self.ids], ids * 1000 + self.instances, ids)
 
     def paint(self, mask, name, color, pattern=None, noise=4.0, jitter=10.0):
         count = int(mask.sum())
@@ -85,6 +111,12 @@ class _Scene:
         values += self.rng.normal(0.0, noise, (count, 3))
         self.rgb[mask] = values
         self.ids[mask] = _ID[name]
+        if _HAS_INSTANCES[_ID[name]]:
+            key = (self._object, _ID[name])
+            if key not in self._numbers:
+                self._numbers[key] = self._next_number.get(_ID[name], 0)
+                self._next_number[_ID[name]] = self._numbers[key] + 1
+            self.instances[mask] = self._numbers[key]
         return mask
 
     def poly(self, points):
@@ -161,6 +193,7 @@ def _render(width, height, rng, wanted):
             _wall_or_fence(scene, street, kind)
     _ground(scene, street)
     for _, draw in sorted(_objects(scene, street, wanted), key=lambda o: o[0]):
+        scene.new_object()
         mask = draw()
         # Annotators leave thin unlabeled gaps around many objects.
         if mask is not None and rng.random() < 0.3:
@@ -514,7 +547,7 @@ def _finish(scene):
     gain = rng.uniform(0.85, 1.15) * rng.uniform(0.94, 1.06, 3)
     rgb = scene.rgb * gain.astype(np.float32) + rng.normal(0, 6, 3).astype(np.float32)
     rgb = cv2.GaussianBlur(rgb, (3, 3), 0.6) + scene.fine(2.5)[..., None]
-    return np.clip(np.round(rgb), 0, 255).astype(np.uint8), scene.ids
+    return np.clip(np.round(rgb), 0, 255).astype(np.uint8), scene.ids, scene.instance_ids()
 
 
 def _scene(width, height, seed, split, index):
@@ -522,11 +555,11 @@ def _scene(width, height, seed, split, index):
     wanted = {_ROTATION[index % len(_ROTATION)],
               _ROTATION[(index + (len(_ROTATION) + 1) // 2) % len(_ROTATION)]}
     for _ in range(_ATTEMPTS):
-        image, label_ids = _render(width, height, rng, wanted)
+        image, label_ids, instance_ids = _render(width, height, rng, wanted)
         present = {name for name in wanted if (label_ids == _ID[name]).any()}
         if present == wanted:  # else a nearer object hid it: draw the scene anew
             break
-    return image, label_ids
+    return image, label_ids, instance_ids
 
 
 def _cities(cities, split):
@@ -591,6 +624,8 @@ def generate(root, num_train=40, num_val=10, size=(256, 128), seed=0, cities=Non
         gtFine/<split>/<city>/<same stem>_gtFine_labelIds.png        (ids 0-33)
         gtFine/<split>/<city>/<same stem>_gtFine_labelTrainIds.png   (0-18, 255 ignore)
         gtFine/<split>/<city>/<same stem>_gtFine_color.png
+        gtFine/<split>/<city>/<same stem>_gtFine_instanceIds.png     (16-bit: label id, or
+            label id * 1000 + instance number on the classes with instances)
 
     Args:
         root (str): output folder; a previous mini Cityscapes there is replaced,
@@ -628,7 +663,7 @@ def generate(root, num_train=40, num_val=10, size=(256, 128), seed=0, cities=Non
         for index in range(count):
             city = split_cities[split][index % len(split_cities[split])]
             stem = f'{city}_{index // len(split_cities[split]):06d}_{FRAME:06d}'
-            image, label_ids = _scene(width, height, seed, split, index)
+            image, label_ids, instance_ids = _scene(width, height, seed, split, index)
             train_ids = label_ids_to_train_ids(label_ids)
             _write(os.path.join(root, 'leftImg8bit', split, city, stem + IMAGE_SUFFIX),
                    cv2.cvtColor(image, cv2.COLOR_RGB2BGR))
@@ -636,6 +671,7 @@ def generate(root, num_train=40, num_val=10, size=(256, 128), seed=0, cities=Non
             _write(label_stem + LABEL_IDS_SUFFIX, label_ids)
             _write(label_stem + TRAIN_IDS_SUFFIX, train_ids)
             _write(label_stem + COLOR_SUFFIX, cv2.cvtColor(_ID_COLORS[label_ids], cv2.COLOR_RGB2BGR))
+            _write(label_stem + INSTANCE_IDS_SUFFIX, instance_ids)
             pixels = np.bincount(train_ids.ravel(), minlength=256)
             histogram += pixels
             class_images += pixels > 0

@@ -1,0 +1,125 @@
+"""README's official-evaluator command on mini Cityscapes: it runs as written, and its IoUs
+are the ones psanet computes."""
+import glob
+import json
+import math
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+
+import cv2
+import numpy as np
+import paddle
+import pytest
+from cityscapesscripts.helpers.labels import id2label, trainId2label
+
+from conftest import ROOT
+from psanet.core.metrics import class_areas, summarize
+from psanet.data.prepare_cityscapes import train_ids_to_label_ids
+
+EVALUATOR = 'csEvalPixelLevelSemanticLabeling'
+NUM_CLASSES = 19
+
+
+def readme_evaluator_command():
+    """The one README line that runs the official evaluator, and its environment assignments."""
+    with open(os.path.join(ROOT, 'README.md')) as f:
+        lines = [line.strip() for line in f
+                 if EVALUATOR in line and '=' in line.split(EVALUATOR)[0]]
+    assert len(lines) == 1, lines
+    words = shlex.split(lines[0])
+    assignments = dict(word.split('=', 1) for word in words[:words.index(EVALUATOR)])
+    return lines[0], assignments
+
+
+def predictions_from_ground_truth(dataset_root, results_dir, seed=0):
+    """Writes a ``<city>/<stem>_labelIds.png`` per val image, as val.py --save_dir does: the
+    train ids of the ground truth with a fifth of the pixels (and every ignored one) set to a
+    random class, and every class predicted somewhere on a scored pixel, so that no class
+    is absent from both (PaddleSeg counts such a class as IoU 0, the evaluator leaves it out).
+
+    Returns:
+        list: (predicted train ids, ground-truth train ids) per image.
+    """
+    rng = np.random.default_rng(seed)
+    pairs = []
+    labels = sorted(glob.glob(os.path.join(dataset_root, 'gtFine', 'val', '*',
+                                           '*_gtFine_labelTrainIds.png')))
+    assert labels
+    for number, path in enumerate(labels):
+        truth = cv2.imread(path, cv2.IMREAD_UNCHANGED)
+        pred = truth.copy()
+        changed = (rng.random(truth.shape) < 0.2) | (truth == 255)
+        pred[changed] = rng.integers(0, NUM_CLASSES, int(changed.sum()))
+        if number == 0:
+            scored = np.flatnonzero(truth != 255)
+            assert scored.size >= NUM_CLASSES
+            pred.flat[rng.choice(scored, NUM_CLASSES, replace=False)] = np.arange(NUM_CLASSES)
+        stem = os.path.basename(path)[:-len('_gtFine_labelTrainIds.png')]
+        city = os.path.basename(os.path.dirname(path))
+        out = os.path.join(results_dir, city, stem + '_labelIds.png')
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        assert cv2.imwrite(out, train_ids_to_label_ids(pred))
+        pairs.append((pred, truth))
+    return pairs
+
+
+def psanet_metrics(pairs):
+    areas = sum(class_areas(paddle.to_tensor(pred[None, None].astype('int64')),
+                            paddle.to_tensor(truth[None, None].astype('int64')), NUM_CLASSES)
+                for pred, truth in pairs)
+    return summarize(areas)
+
+
+def run_readme_command(tmp_path, mini_cityscapes):
+    """README's command in a folder holding the dataset and the results where it points."""
+    line, assignments = readme_evaluator_command()
+    work = tmp_path / 'work'
+    dataset_root = str(work / assignments['CITYSCAPES_DATASET'])
+    results_dir = str(work / assignments['CITYSCAPES_RESULTS'])
+    shutil.copytree(mini_cityscapes, dataset_root)  # the evaluator writes into the dataset root
+    pairs = predictions_from_ground_truth(dataset_root, results_dir)
+    env = {k: v for k, v in os.environ.items() if not k.startswith('CITYSCAPES_')}
+    env['PATH'] = os.path.dirname(sys.executable) + os.pathsep + env.get('PATH', '')
+    done = subprocess.run(line, shell=True, cwd=str(work), env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout
+    export_dir = (str(work / assignments['CITYSCAPES_EXPORT_DIR'])
+                  if 'CITYSCAPES_EXPORT_DIR' in assignments
+                  else os.path.join(dataset_root, 'evaluationResults'))
+    with open(os.path.join(export_dir, 'resultPixelLevelSemanticLabeling.json')) as f:
+        return json.load(f), pairs, dataset_root
+
+
+@pytest.fixture
+def official(tmp_path, mini_cityscapes):
+    return run_readme_command(tmp_path, mini_cityscapes)
+
+
+def test_readme_command_scores_the_iou_psanet_computes(official):
+    result, pairs, _ = official
+    ours = psanet_metrics(pairs)
+    for train_id in range(NUM_CLASSES):
+        score = result['classScores'][trainId2label[train_id].name]
+        assert not math.isnan(score)  # every class is predicted: none is left out
+        # The same IoU of the same integer counts in float64: a few ulps.
+        assert score == pytest.approx(ours['class_iou'][train_id], abs=1e-12)
+    assert result['averageScoreClasses'] == pytest.approx(ours['miou'], abs=1e-12)
+
+
+def test_readme_command_scores_every_instance_class_present(official):
+    """The instance-weighted iIoU, which the evaluator computes from *_gtFine_instanceIds.png,
+    has a value for each instance class the ground truth holds."""
+    result, _, dataset_root = official
+    present = set()
+    for path in glob.glob(os.path.join(dataset_root, 'gtFine', 'val', '*',
+                                       '*_gtFine_instanceIds.png')):
+        instance_ids = cv2.imread(path, cv2.IMREAD_UNCHANGED)
+        labels = {id2label[int(v) // 1000] for v in np.unique(instance_ids[instance_ids >= 1000])}
+        present |= {label.name for label in labels if not label.ignoreInEval}
+    assert present
+    for name in present:
+        assert 0 < result['classInstScores'][name] <= 1, name
+    assert 0 < result['averageScoreInstClasses'] <= 1
