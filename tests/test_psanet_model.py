@@ -1,5 +1,5 @@
 """PSANet model: YAML building, shapes, the PSA branch against numpy, compact mode,
-gradients, and that a few steps lower the loss."""
+no bias where the reproduction has none, gradients, and that a few steps lower the loss."""
 import glob
 import os
 
@@ -7,6 +7,7 @@ import numpy as np
 import paddle
 import pytest
 from paddleseg.cvlibs import Config
+from paddleseg.models import layers
 
 import psanet  # noqa: F401  (registers PSANet)
 from psanet.models import PSANet
@@ -197,6 +198,22 @@ def test_use_psa_false_is_the_baseline_without_attention():
     model.eval()
     with paddle.no_grad():
         assert list(model(paddle.randn([1, 3, 32, 48]))[0].shape) == [1, 19, 32, 48]
+
+
+@pytest.mark.parametrize('psa_type,use_psa', [(0, True), (1, True), (2, True), (2, False)])
+def test_no_bias_before_batch_norm_nor_on_the_attention(psa_type, use_psa):
+    """As the reproduction, semseg and mmsegmentation, whose checkpoints have none."""
+    model = PSANet(19, small_backbone(), psa_type=psa_type, use_psa=use_psa, mask_h=5,
+                   mask_w=7, psa_channels=16)
+    conv_bn = [layer._conv for layer in model.head.sublayers()
+               if isinstance(layer, layers.ConvBNReLU)]
+    attention = [branch.attention[1] for branch in getattr(model.head, 'branches', [])]
+    # reduce and attention.0 per branch; project, bottleneck, auxlayer
+    assert len(conv_bn) == (2 * len(attention) + 3 if use_psa else 2)
+    assert [conv.bias for conv in conv_bn + attention] == [None] * len(conv_bn + attention)
+    biased = sorted(name for name, _ in model.head.named_parameters()
+                    if name.endswith('bias') and '_batch_norm' not in name)
+    assert biased == ['auxlayer.conv.bias', 'classifier.bias']
 
 
 def test_parameters_fixed_and_all_receive_gradients():

@@ -1,5 +1,9 @@
 """Checkpoints: atomic writes, pruning, resume state, and weights loading that names mismatches.
 
+Weights in the layout of the PaddlePaddle reproduction's release load as they
+are (converted in memory), or are converted once by :func:`convert_reproduction_file`
+(``tools/convert_checkpoint.py``).
+
 A checkpoint is a folder ``<save_dir>/iter_N/`` (or ``best_model/``) with::
 
     model.pdparams      the model's state_dict (paddle.save)
@@ -23,12 +27,16 @@ import tempfile
 import numpy as np
 import paddle
 
+from psanet.core.config import ComponentBuilder, load_config
 from psanet.errors import CheckpointError
+from psanet.log import get_logger
+from psanet.models.reproduction import convert_reproduction_state, is_reproduction_state
 
 __all__ = ['WEIGHTS_FILE', 'OPTIMIZER_FILE', 'STATE_FILE', 'save_checkpoint', 'list_checkpoints',
            'checkpoint_iteration', 'prune_checkpoints', 'delete_checkpoints',
            'remove_stale_temporaries', 'load_checkpoint', 'resolve_weights_path',
-           'check_state_fits', 'load_model_weights', 'parameter_names', 'rename_optimizer_state']
+           'check_state_fits', 'load_model_weights', 'parameter_names', 'rename_optimizer_state',
+           'convert_reproduction_file']
 
 WEIGHTS_FILE = 'model.pdparams'
 OPTIMIZER_FILE = 'model.pdopt'
@@ -344,6 +352,9 @@ def check_state_fits(model, loaded, source, fix):
 def load_model_weights(model, model_path):
     """Loads weights into ``model``, refusing any file that does not fit it exactly.
 
+    A file in the layout of the PaddlePaddle reproduction's release is converted
+    in memory (:mod:`psanet.models.reproduction`), with one log line saying so.
+
     Args:
         model (paddle.nn.Layer): the model built from the config.
         model_path (str): a .pdparams file or a checkpoint folder.
@@ -360,7 +371,62 @@ def load_model_weights(model, model_path):
     if not isinstance(loaded, dict):
         raise CheckpointError(f'weights {path} hold a {type(loaded).__name__}, not a state_dict: '
                               'pass a model.pdparams written by train.py.')
+    if is_reproduction_state(loaded):
+        loaded = convert_reproduction_state(loaded, model.state_dict(), source=f'weights {path}')
+        get_logger().info(f'Weights {path} are the PaddlePaddle reproduction\'s checkpoint: '
+                          'converted to PSANet\'s names in memory.')
     check_state_fits(model, loaded, f'weights {path}', 'Pass the config the weights were trained '
                      'with (same model, backbone and num_classes).')
     model.set_state_dict(loaded)
     return path
+
+
+def convert_reproduction_file(src, dst, config):
+    """Converts the PaddlePaddle reproduction's checkpoint into a model.pdparams of PSANet.
+
+    The model is built from ``config`` (without its pretrained weights) and must
+    take every tensor of ``src`` with the same shape, and nothing else.
+
+    Args:
+        src (str): the reproduction's .pdparams.
+        dst (str): the file to write (its folder is made); written whole or not at all.
+        config (str): the config the weights are for.
+
+    Returns:
+        int: the number of tensors written.
+
+    Raises:
+        CheckpointError: when ``src`` cannot be read, is not in the reproduction's
+            layout, or does not fit the model (naming the first tensor that does not).
+    """
+    fix = 'pass the reproduction\'s model.pdparams as --src.'
+    if not os.path.isfile(src):
+        raise CheckpointError(f'--src {src} is not a file (cwd {os.getcwd()}): {fix}')
+    loaded = _load(src, 'weights', fix)
+    if not is_reproduction_state(loaded):
+        names = ', '.join(list(loaded)[:3]) if isinstance(loaded, dict) else type(loaded).__name__
+        raise CheckpointError(f'--src {src} is not in the layout of the PaddlePaddle '
+                              f'reproduction (no psa.*, head.conv_bn_relu.*, head.conv.* or '
+                              f'aux_head.* tensors; it holds {names}): {fix} A model.pdparams '
+                              'written by train.py needs no conversion.')
+    cfg = load_config(config)
+    cfg.dic['model']['pretrained'] = None
+    if isinstance(cfg.dic['model'].get('backbone'), dict):
+        cfg.dic['model']['backbone']['pretrained'] = None
+    model = ComponentBuilder(cfg).model
+    model.set_state_dict(convert_reproduction_state(loaded, model.state_dict(),
+                                                    source=f'--src {src}'))
+    state = model.state_dict()
+    directory = os.path.dirname(os.path.abspath(dst))
+    os.makedirs(directory, exist_ok=True)
+    temporary = os.path.join(directory, f'.{os.path.basename(dst)}{_TEMP_MARK}{os.getpid()}')
+    try:
+        paddle.save(state, temporary)
+        _fsync(temporary)
+        os.replace(temporary, dst)
+        _fsync(directory)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+        raise
+    return len(state)

@@ -1,13 +1,23 @@
-"""PSANet: point-wise spatial attention network, as a PaddleSeg model component."""
+"""PSANet: point-wise spatial attention network, as a PaddleSeg model component.
+
+Tensor for tensor the model of the PaddlePaddle reproduction (justld/PSANet_paddle),
+which semseg and mmsegmentation share: no bias on a convolution followed by
+BatchNorm nor on the attention convolution. Its released checkpoint loads
+through :mod:`psanet.models.reproduction`.
+"""
+import os
+from urllib.parse import urlparse
+
 import numpy as np
 import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
 from paddleseg.cvlibs import manager
 from paddleseg.models import layers
-from paddleseg.utils import utils
+from paddleseg.utils import logger, utils
 
-from psanet.errors import ArgumentError
+from psanet.errors import ArgumentError, CheckpointError
+from psanet.models.reproduction import convert_reproduction_state, is_reproduction_state
 from psanet.ops import PSAMask
 
 __all__ = ['PSANet', 'PSAHead', 'PSABranch']
@@ -60,7 +70,9 @@ class PSANet(nn.Layer):
             backbone_indices[0] while training. Default: True.
         align_corners (bool, optional): An argument of F.interpolate for the final resize.
             Default: False.
-        pretrained (str, optional): Path or URL of weights of the whole model. Default: None.
+        pretrained (str, optional): Path or URL of weights of the whole model: this
+            model's, loaded as paddleseg loads them, or the reproduction's release,
+            converted (see :mod:`psanet.models.reproduction`). Default: None.
     """
 
     def __init__(self,
@@ -111,8 +123,27 @@ class PSANet(nn.Layer):
         ]
 
     def init_weight(self):
-        if self.pretrained is not None:
-            utils.load_entire_model(self, self.pretrained)
+        if self.pretrained is None:
+            return
+        path = self.pretrained
+        if urlparse(path).netloc:
+            path = utils.download_pretrained_model(path)
+        if os.path.isfile(path):
+            try:
+                state = paddle.load(path)
+            except Exception as error:  # paddle.load raises several types for a broken file
+                raise CheckpointError(f'model.pretrained {self.pretrained} cannot be read '
+                                      f'({type(error).__name__}: {error}): pass a .pdparams '
+                                      'file.') from error
+            if is_reproduction_state(state):
+                self.set_state_dict(convert_reproduction_state(
+                    state, self.state_dict(), source=f'model.pretrained {self.pretrained}'))
+                logger.info(f'model.pretrained {self.pretrained} is the PaddlePaddle '
+                            'reproduction\'s checkpoint: converted to PSANet\'s names in memory.')
+                return
+        # Without the reproduction's names: paddleseg's loading, which skips what
+        # does not fit with a warning each.
+        utils.load_entire_model(self, path)
 
 
 class PSAHead(nn.Layer):
@@ -170,21 +201,24 @@ class PSAHead(nn.Layer):
             # 1x1 projection back to the backbone width; no padding, unlike
             # mmsegmentation's psa_head, whose padding=1 grows the map by 2.
             self.project = layers.ConvBNReLU(psa_channels * len(directions), in_channels,
-                                             kernel_size=1)
+                                             kernel_size=1, bias_attr=False)
             bottleneck_in = in_channels * 2
         else:
             bottleneck_in = in_channels
-        self.bottleneck = layers.ConvBNReLU(bottleneck_in, 512, kernel_size=3, padding=1)
+        self.bottleneck = layers.ConvBNReLU(bottleneck_in, 512, kernel_size=3, padding=1,
+                                            bias_attr=False)
         self.dropout = nn.Dropout(p=0.1)
         self.classifier = nn.Conv2D(512, num_classes, kernel_size=1)
         self.enable_auxiliary_loss = enable_auxiliary_loss
         if enable_auxiliary_loss:
             self.auxlayer = layers.AuxLayer(backbone_channels[0], backbone_channels[0] // 4,
-                                            num_classes)
+                                            num_classes, bias_attr=False)
 
     def forward(self, feats):
         aux_feat, x = feats
         if self.use_psa:
+            # [collect, distribute]; the reproduction's checkpoint reads them the other
+            # way round, and psanet.models.reproduction swaps its projection's halves.
             attended = paddle.concat([branch(x) for branch in self.branches], axis=1)
             attended = self.project(attended)
             if self.shrink_factor > 1:
@@ -228,10 +262,10 @@ class PSABranch(nn.Layer):
         self.scale = 1.0 / normalization_factor
         self.psa_softmax = psa_softmax
         self.compact = compact
-        self.reduce = layers.ConvBNReLU(in_channels, channels, kernel_size=1)
+        self.reduce = layers.ConvBNReLU(in_channels, channels, kernel_size=1, bias_attr=False)
         self.attention = nn.Sequential(
-            layers.ConvBNReLU(channels, channels, kernel_size=1),
-            nn.Conv2D(channels, mask_h * mask_w, kernel_size=1))
+            layers.ConvBNReLU(channels, channels, kernel_size=1, bias_attr=False),
+            nn.Conv2D(channels, mask_h * mask_w, kernel_size=1, bias_attr=False))
         self.psa_mask = None if compact else PSAMask(psa_type, (mask_h, mask_w))
 
     def forward(self, x):
