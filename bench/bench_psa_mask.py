@@ -6,6 +6,10 @@ output of the same size once with ``paddle.full``. Prints a markdown table of
 medians and ratios.
 
     python bench/bench_psa_mask.py [--repeats 5] [--psa-type collect] [--budget-gib 20]
+                                   [--threads N]
+
+Paddle and the op run on ``--threads`` CPU threads (default: all of them), set
+as a training script would, with ``paddle.base.core.set_num_threads``.
 
 A cell that would need more memory than the budget (or than the machine has
 free), or whose single call would run past ``--max-seconds``, is skipped with
@@ -19,9 +23,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import paddle  # noqa: E402
+# psanet first: it keeps Paddle's "No ccache found" warning out of the output.
+from psanet.ops import load_library, psa_mask, psa_mask_cpu_threads  # noqa: E402
 
-from psanet.ops import load_library, psa_mask  # noqa: E402
+import paddle  # noqa: E402
 
 # (mask size, feature H, feature W): the attention maps of a 1024x512 training
 # crop (1/8, then shrunk by 2: 32x64, mask 59) and of a full 2048x1024 image
@@ -40,6 +45,8 @@ def parse_args():
                         help='skip cells whose estimated peak memory exceeds this')
     parser.add_argument('--max-seconds', type=float, default=60.0,
                         help='skip a measurement whose single call would take longer')
+    parser.add_argument('--threads', type=int, default=os.cpu_count(),
+                        help="Paddle's CPU threads, which the op follows; default: all")
     return parser.parse_args()
 
 
@@ -156,10 +163,10 @@ def main():
     args = parse_args()
     load_library()
     paddle.set_device('cpu')
-    threads = os.environ.get('PSA_MASK_NUM_THREADS', str(os.cpu_count()))
+    paddle.base.core.set_num_threads(args.threads)
     print(f'psa_mask on CPU, {args.psa_type}, float32: paddle {paddle.__version__}, '
-          f'{os.cpu_count()} CPUs, op threads {threads}, median of {args.repeats} calls '
-          'after one warm-up (ms)\n')
+          f'{os.cpu_count()} CPUs, op threads {psa_mask_cpu_threads()}, median of '
+          f'{args.repeats} calls after one warm-up (ms)\n')
     header = ['mask', 'map', 'N', 'output', 'write limit', 'custom fwd', 'fwd / limit',
               'paddle fwd', 'paddle / custom fwd', 'custom bwd', 'paddle bwd',
               'paddle / custom bwd']

@@ -5,6 +5,7 @@
 // are psa_type, mask_h and mask_w, so a graph saved with a dynamic H and W
 // runs at any size.
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -24,12 +25,28 @@
 #include "paddle/phi/core/dense_tensor.h"
 #include "psa_mask_kernel.h"
 
+// ---------------------------------------------------------------------------
+// Paddle-version workarounds: entries 4 and 5 of the list in psanet/compat.py,
+// which names every workaround of the project.
+//
+// 4. TransDataLayoutFromOneDNN, declared by hand and weak (Paddle 3.x with
+//    oneDNN; no upstream issue filed). The CPU predictor with oneDNN hands a
+//    custom op its input in oneDNN's blocked layout, with no reorder in front
+//    as for built-in ops; to_plain_layout() below reorders it with Paddle's
+//    own function, declared here because data_layout_transform.h needs oneDNN
+//    headers the wheel does not ship. Weak: on a Paddle built without oneDNN
+//    the symbol is absent, its address is null, and the library still loads.
+// 5. PSA_MASK_CHECK throws Paddle's EnforceNotMet (InvalidArgument), built by
+//    hand, not PD_CHECK's PD_Exception (Paddle 3.x; none filed): the
+//    inference executor keeps the message of the former only (the latter
+//    reaches the user as a bare "std::exception"), and dygraph raises it as a
+//    ValueError.
+// Neither is version-gated: 4 acts on oneDNN-layout input only, 5 throws
+// Paddle's own error type. tests/test_psa_mask_export.py runs both in the
+// predictor (with and without oneDNN, and a bad input reaching the kernel).
+// ---------------------------------------------------------------------------
 namespace phi {
 namespace funcs {
-// Paddle's oneDNN-to-plain reorder, declared here rather than through
-// data_layout_transform.h, which needs oneDNN headers the wheel does not ship.
-// Weak: on a Paddle built without oneDNN the symbol is absent, its address is
-// null, and the library still loads.
 __attribute__((weak)) void TransDataLayoutFromOneDNN(DataLayout in_layout,
                                                      DataLayout out_layout,
                                                      const DenseTensor& in,
@@ -38,10 +55,6 @@ __attribute__((weak)) void TransDataLayoutFromOneDNN(DataLayout in_layout,
 }  // namespace funcs
 }  // namespace phi
 
-// Errors are Paddle's EnforceNotMet (InvalidArgument), not PD_CHECK's
-// PD_Exception: the inference executor keeps the message of the former only
-// (the latter reaches the user as a bare "std::exception"), and dygraph raises
-// it as a ValueError.
 #define PSA_MASK_CHECK(COND, ...)                                                  \
   do {                                                                            \
     if (!(COND)) {                                                                \
@@ -51,6 +64,37 @@ __attribute__((weak)) void TransDataLayoutFromOneDNN(DataLayout in_layout,
           __FILE__, __LINE__);                                                    \
     }                                                                             \
   } while (0)
+
+// CPU threads. The op runs on as many threads as the process gives Paddle's
+// CPU kernels, so that ranks sharing a machine do not oversubscribe it. That
+// count lives in the OpenMP runtime Paddle runs on (libiomp5 in the x86 wheels,
+// libgomp elsewhere), reached through libpaddle, which this library links; it
+// is per thread: OMP_NUM_THREADS (which `import paddle` sets to 1 when unset)
+// for every thread, then Paddle's SetNumThreads for the thread that calls it
+// (paddle.base.core.set_num_threads, and the predictor's
+// set_cpu_math_library_num_threads on the thread that runs the graph).
+// Weak: null where Paddle has no OpenMP.
+extern "C" int omp_get_max_threads(void) __attribute__((weak));
+
+namespace {
+// Threads the last CPU call ran on, for tests (psa_mask_last_cpu_threads).
+std::atomic<int> last_cpu_threads{0};
+}  // namespace
+
+// The threads a CPU call made on this thread may use: PSA_MASK_NUM_THREADS if
+// it is a positive integer; else Paddle's count (OpenMP's, on this thread);
+// else, with no OpenMP, every hardware thread. C linkage: psanet.ops reads it
+// through ctypes, with no extra op in the schema.
+extern "C" int psa_mask_cpu_threads(void) {
+  if (const char* env = std::getenv("PSA_MASK_NUM_THREADS")) {
+    const int threads = std::atoi(env);
+    if (threads >= 1) return threads;
+  }
+  if (&omp_get_max_threads != nullptr) return std::max(omp_get_max_threads(), 1);
+  return std::max(static_cast<int>(std::thread::hardware_concurrency()), 1);
+}
+
+extern "C" int psa_mask_last_cpu_threads(void) { return last_cpu_threads.load(); }
 
 namespace {
 
@@ -104,15 +148,11 @@ psa_mask::Geometry geometry_of(const paddle::Tensor& x, int mask_h, int mask_w) 
 int thread_count(int64_t units, int64_t elements) {
   // Spawning threads costs tens of microseconds: small ops stay on one.
   constexpr int64_t kMinElementsPerThread = 1 << 16;
-  int threads = static_cast<int>(std::thread::hardware_concurrency());
-  if (const char* env = std::getenv("PSA_MASK_NUM_THREADS")) {
-    threads = std::atoi(env);
-  }
-  threads = std::max(threads, 1);
-  threads = static_cast<int>(std::min<int64_t>(threads, units));
-  threads = static_cast<int>(
-      std::min<int64_t>(threads, std::max<int64_t>(elements / kMinElementsPerThread, 1)));
-  return std::max(threads, 1);
+  int64_t threads = psa_mask_cpu_threads();
+  threads = std::min<int64_t>(threads, units);
+  threads = std::min<int64_t>(
+      threads, std::max<int64_t>(elements / kMinElementsPerThread, 1));
+  return static_cast<int>(std::max<int64_t>(threads, 1));
 }
 
 // Runs fn(begin, end) over [0, units) split in contiguous ranges, one per thread,
@@ -120,6 +160,7 @@ int thread_count(int64_t units, int64_t elements) {
 template <typename Fn>
 void parallel_for(int64_t units, int64_t elements, const Fn& fn) {
   const int threads = thread_count(units, elements);
+  last_cpu_threads.store(threads);
   if (threads <= 1) {
     fn(int64_t{0}, units);
     return;

@@ -1,22 +1,155 @@
-"""Fixes for paddleseg 2.8.0 components that break on Paddle >= 2.6 (measured on Paddle 3.3.1).
+"""Every workaround for one Paddle or paddleseg version: listed here, done here where Python can.
 
-paddleseg 2.8.0 was written for Paddle 2.4/2.5. Paddle 2.6 made reductions
-return 0-D tensors and Paddle 3 stopped promoting integer and float operands
-of one op, so some of paddleseg's components fail. ``import psanet`` imports
-this module, which patches the broken functions in place; each fix below says
-what breaks, where, and how it is fixed, and has one test in
-tests/test_compat.py that fails without it.
+Each entry: what breaks and what is done; the upstream issue; the versions
+that need it; the check that turns it off; where it lives.
+
+1. "No ccache found": every ``import paddle`` warns it (paddle.utils imports
+   cpp_extension, which looks for ccache), before every real error of our
+   tools. Ignored: the op build does without ccache.
+   Paddle #75836. Paddle 3.0 to 3.3.1 at least. No check: a filter for a
+   warning that is not printed does nothing. Here (``CCACHE_WARNING``,
+   filtered before this module imports paddle); train.py, val.py, predict.py
+   and tools/*.py repeat the filter before their own ``import paddle``.
+2. ``enable_memory_optim()`` fails predictor creation for PIR programs ("Not
+   find predictor_id 0 and pass_name memory_optimize_pass"). Left off.
+   Paddle #75496, open. Paddle >= 3.0. ``MEMORY_OPTIM.needed()``; where not
+   needed, memory reuse is turned on. ``configure_inference``.
+3. With oneDNN on, a saved ``bilinear_interp`` cannot run as a oneDNN kernel
+   ("ConvertPirAttribute2RuntimeAttribute not support
+   ArrayAttribute<DoubleAttribute>"). ``onednn_placement_pass`` is deleted:
+   the fused convolution passes still run in oneDNN, the other ops take their
+   plain kernels. Paddle #79749, open. Paddle >= 3.0 (reported on 3.3.1).
+   ``ONEDNN_PLACEMENT.needed()``. ``configure_inference``.
+4. The CPU predictor with oneDNN hands a custom op its input in oneDNN's
+   blocked layout, with no reorder in front as for built-in ops. The op
+   reorders it with Paddle's ``TransDataLayoutFromOneDNN``, declared by hand
+   (its header needs oneDNN headers) and weak. None filed. Paddle 3.x with
+   oneDNN. No check: it acts on oneDNN-layout input only. ops/psa_mask.cc,
+   the block at its top.
+5. The inference executor reports ``PD_CHECK``'s exception as a bare
+   "std::exception". The op throws Paddle's ``EnforceNotMet``
+   (InvalidArgument), built by hand. None filed. Paddle 3.x. No check: it is
+   Paddle's own error type. ops/psa_mask.cc, the block at its top.
+6. Only a private function, ``extension_utils._get_core_name()``, knows the
+   name of Paddle's core library, which the op links. No public API. Paddle
+   3.x (libpaddle.so). A fallback, not a version: the file name of the
+   ``paddle.base.libpaddle`` module. ``paddle_core_library()`` in
+   psanet/ops/build.py (psanet/ops imports nothing of ours).
+7. A built op library is registered with ``load_op_meta_info_and_register_op``:
+   undocumented, not in ``paddle.utils.cpp_extension.__all__``, but what the
+   stubs of Paddle's own ``cpp_extension.setup`` call. No public API. Paddle
+   3.x. A fallback, not a version: the same function in ``extension_utils``.
+   ``register_op_library()`` in psanet/ops/loader.py.
+8. paddleseg 2.8.0's ``CrossEntropyLoss._post_process_loss`` mixes int64 and
+   float32 operands, which Paddle 3 no longer promotes. None filed. Paddle >=
+   3.0 with paddleseg 2.8.0. ``PADDLESEG_CROSS_ENTROPY.needed()``: only on
+   paddleseg 2.8.0, whose code it patches. ``cross_entropy_post_process_loss``,
+   applied by ``apply_paddleseg_fixes``.
+9. paddleseg 2.8.0's ``metrics.calculate_area`` concatenates 0-D tensors,
+   which Paddle >= 2.6 refuses. PaddleSeg #3556. Paddle >= 2.6 with
+   paddleseg 2.8.0. ``PADDLESEG_CALCULATE_AREA.needed()``: only on paddleseg
+   2.8.0. ``calculate_area``, applied by ``apply_paddleseg_fixes``.
+
+Issues: https://github.com/PaddlePaddle/Paddle/issues/<n> and
+https://github.com/PaddlePaddle/PaddleSeg/issues/<n>.
+
+``import psanet`` filters the warning (1) and applies the paddleseg fixes (8,
+9); the predictor calls ``configure_inference`` (2, 3). The op's own (4 to 7)
+live with the op, which imports nothing of ours. This module imports paddle
+(to check its version) and nothing of ours, and paddleseg only in
+``apply_paddleseg_fixes``: the runtime may import it without the training stack.
+
+To retire a workaround once upstream fixes it, set ``fixed`` of its record to
+the first good version (its check then turns it off there), and delete it
+when no supported version needs it. tests/test_compat.py has, for 2, 3, 8
+and 9, a test that fails as soon as this Paddle no longer needs it.
 
 paddleseg.core (train / evaluate / predict) is not patched: the project has
 its own engine in psanet.core that only reuses paddleseg's components.
 """
-import paddle
-import paddle.nn.functional as F
-from paddleseg.models.losses import cross_entropy_loss
-from paddleseg.utils import metrics
+import re
+import warnings
+from typing import NamedTuple, Optional, Tuple
 
-__all__ = ['FIXES', 'ORIGINALS', 'cross_entropy_post_process_loss', 'calculate_area']
+# 1. Before paddle is imported: its import prints the warning.
+CCACHE_WARNING = 'No ccache found'
+warnings.filterwarnings('ignore', message=CCACHE_WARNING, category=UserWarning,
+                        module='paddle.utils.cpp_extension')
 
+import paddle  # noqa: E402
+
+__all__ = ['Workaround', 'MEMORY_OPTIM', 'ONEDNN_PLACEMENT', 'PADDLESEG_CROSS_ENTROPY',
+           'PADDLESEG_CALCULATE_AREA', 'configure_inference', 'apply_paddleseg_fixes',
+           'cross_entropy_post_process_loss', 'calculate_area', 'FIXES', 'ORIGINALS']
+
+_ISSUES = 'https://github.com/PaddlePaddle/{}/issues/{}'
+
+
+def parse_version(text):
+    """'3.3.1' -> (3, 3, 1); '3.0.0rc1' -> (3, 0, 0). A develop build ('0.0.0') counts
+    as newer than any release."""
+    numbers = tuple(int(n) for n in re.findall(r'\d+', text.split('+')[0])[:3])
+    return (10 ** 6,) if not any(numbers) else numbers
+
+
+class Workaround(NamedTuple):
+    """Where a workaround is needed: Paddle from ``first`` up to, not including,
+    ``fixed`` (None: no release fixes it yet); for a fix to paddleseg, only with
+    the ``paddleseg`` release whose code it patches.
+    """
+    issue: str
+    first: Tuple[int, ...]
+    fixed: Optional[Tuple[int, ...]] = None
+    paddleseg: Optional[Tuple[int, ...]] = None
+
+    def needed(self, paddle_version=None, paddleseg_version=None):
+        """The version check; the versions default to those installed."""
+        version = parse_version(paddle.__version__) if paddle_version is None \
+            else paddle_version
+        if version < self.first or (self.fixed is not None and version >= self.fixed):
+            return False
+        if self.paddleseg is None:
+            return True
+        if paddleseg_version is None:
+            import paddleseg
+            paddleseg_version = parse_version(paddleseg.__version__)
+        return paddleseg_version == self.paddleseg
+
+
+MEMORY_OPTIM = Workaround(_ISSUES.format('Paddle', 75496), first=(3, 0))
+ONEDNN_PLACEMENT = Workaround(_ISSUES.format('Paddle', 79749), first=(3, 0))
+ONEDNN_PLACEMENT_PASS = 'onednn_placement_pass'
+PADDLESEG_CROSS_ENTROPY = Workaround('none filed', first=(3, 0), paddleseg=(2, 8, 0))
+PADDLESEG_CALCULATE_AREA = Workaround(_ISSUES.format('PaddleSeg', 3556), first=(2, 6),
+                                      paddleseg=(2, 8, 0))
+
+
+# ----------------------------------------------------------------- inference
+
+def configure_inference(config):
+    """Applies every Paddle-version workaround a ``paddle.inference.Config`` needs.
+
+    Call it after choosing the device and oneDNN, just before
+    ``create_predictor``: what it does depends on them.
+
+    * Memory reuse (``enable_memory_optim``) stays off where it fails predictor
+      creation (entry 2 above), and is on elsewhere.
+    * With oneDNN on, ``onednn_placement_pass`` is deleted where a saved
+      ``bilinear_interp`` cannot run in oneDNN (3).
+
+    Args:
+        config (paddle.inference.Config): the predictor's config.
+
+    Returns:
+        paddle.inference.Config: ``config``, changed in place.
+    """
+    config.enable_memory_optim(not MEMORY_OPTIM.needed())
+    if config.mkldnn_enabled() and ONEDNN_PLACEMENT.needed():
+        config.delete_pass(ONEDNN_PLACEMENT_PASS)
+    return config
+
+
+# ----------------------------------------------------------------- paddleseg
 
 def cross_entropy_post_process_loss(self, logit, label, semantic_weights, loss):
     """``CrossEntropyLoss._post_process_loss`` without integer/float mixing.
@@ -45,7 +178,7 @@ def cross_entropy_post_process_loss(self, logit, label, semantic_weights, loss):
     if self.weight is not None:
         # Ignored pixels become class 0 here; their mask of 0 removes them again.
         masked_label = label * paddle.cast(label != self.ignore_index, 'int64')
-        _one_hot = F.one_hot(masked_label, logit.shape[-1])
+        _one_hot = paddle.nn.functional.one_hot(masked_label, logit.shape[-1])
         coef = paddle.sum(_one_hot * self.weight, axis=-1)
     else:
         coef = paddle.ones(label.shape, dtype='float32')
@@ -99,23 +232,32 @@ def calculate_area(pred, label, num_classes, ignore_index=255):
     return paddle.stack(intersect_area), paddle.stack(pred_area), paddle.stack(label_area)
 
 
-# (owner, attribute, replacement): applied once when psanet is imported.
-FIXES = (
-    (cross_entropy_loss.CrossEntropyLoss, '_post_process_loss', cross_entropy_post_process_loss),
-    (metrics, 'calculate_area', calculate_area),
-)
-
-
+# (owner, attribute, replacement) of each paddleseg fix this Paddle and
+# paddleseg need; filled by apply_paddleseg_fixes().
+FIXES = ()
 # The replaced functions, for tests that check the fixes are still needed.
 ORIGINALS = {}
 
 
-def _apply():
+def apply_paddleseg_fixes():
+    """Patches the paddleseg 2.8.0 functions this Paddle breaks (8, 9), once.
+
+    Returns:
+        tuple: ``FIXES``, the (owner, attribute, replacement) applied.
+    """
+    global FIXES
+    from paddleseg.models.losses import cross_entropy_loss
+    from paddleseg.utils import metrics
+    candidates = (
+        (PADDLESEG_CROSS_ENTROPY, cross_entropy_loss.CrossEntropyLoss, '_post_process_loss',
+         cross_entropy_post_process_loss),
+        (PADDLESEG_CALCULATE_AREA, metrics, 'calculate_area', calculate_area),
+    )
+    FIXES = tuple((owner, name, fixed) for workaround, owner, name, fixed in candidates
+                  if workaround.needed())
     for owner, name, fixed in FIXES:
         current = getattr(owner, name)
         if current is not fixed:
             ORIGINALS[(owner, name)] = current
             setattr(owner, name, fixed)
-
-
-_apply()
+    return FIXES

@@ -96,3 +96,119 @@ def test_original_is_still_broken_on_this_paddle(owner, name):
             label = paddle.to_tensor(labels)
             original(loss, x, label, None, paddle.nn.functional.cross_entropy(
                 x, label, ignore_index=IGNORE, reduction='none'))
+
+
+# ---------------------------------------------------------------------------
+# The Paddle workarounds: version checks, configure_inference, the op build names
+# ---------------------------------------------------------------------------
+
+def test_version_checks_cover_first_to_fixed():
+    workaround = compat.Workaround('issue', first=(3, 0), fixed=(3, 4))
+    assert [workaround.needed(v) for v in [(2, 6, 2), (3, 0, 0), (3, 3, 1), (3, 4, 0)]] == \
+        [False, True, True, False]
+    assert compat.Workaround('open issue', first=(3, 0)).needed((9, 9))
+    paddleseg_fix = compat.Workaround('issue', first=(2, 6), paddleseg=(2, 8, 0))
+    assert paddleseg_fix.needed((3, 3, 1), (2, 8, 0))
+    assert not paddleseg_fix.needed((3, 3, 1), (2, 9, 0))
+    assert not paddleseg_fix.needed((2, 5, 2), (2, 8, 0))
+    # A develop build reports 0.0.0 and is newer than any release.
+    assert compat.parse_version('0.0.0') > compat.parse_version('3.3.1') == (3, 3, 1)
+    assert compat.parse_version('3.0.0rc1') == (3, 0, 0)
+
+
+class _ConvInterp(paddle.nn.Layer):
+    """A convolution and a bilinear upsampling: what trips both inference bugs."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = paddle.nn.Conv2D(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        return paddle.nn.functional.interpolate(self.conv(x), scale_factor=2, mode='bilinear')
+
+
+@pytest.fixture(scope='module')
+def conv_interp(tmp_path_factory):
+    """(path prefix, input, dygraph output) of _ConvInterp saved for inference."""
+    paddle.seed(0)
+    layer = _ConvInterp()
+    layer.eval()
+    x = np.random.default_rng(5).standard_normal((1, 3, 8, 8)).astype('float32')
+    expected = layer(paddle.to_tensor(x)).numpy()
+    path = str(tmp_path_factory.mktemp('conv_interp') / 'model')
+    spec = [paddle.static.InputSpec([None, 3, None, None], 'float32', 'x')]
+    paddle.jit.save(paddle.jit.to_static(layer, input_spec=spec, full_graph=True), path)
+    return path, x, expected
+
+
+def _cpu_config(path, onednn):
+    config = paddle.inference.Config(path + '.json', path + '.pdiparams')
+    config.disable_gpu()
+    config.disable_glog_info()
+    if onednn:
+        config.enable_mkldnn()
+    else:
+        config.disable_mkldnn()
+    return config
+
+
+def _predict(config, x):
+    predictor = paddle.inference.create_predictor(config)
+    handle = predictor.get_input_handle(predictor.get_input_names()[0])
+    handle.reshape(list(x.shape))
+    handle.copy_from_cpu(x)
+    predictor.run()
+    return predictor.get_output_handle(predictor.get_output_names()[0]).copy_to_cpu()
+
+
+@pytest.mark.parametrize('onednn', [False, True])
+def test_configure_inference_makes_the_predictor_run(conv_interp, onednn):
+    path, x, expected = conv_interp
+    config = _cpu_config(path, onednn)
+    assert compat.configure_inference(config) is config
+    # A 3x3 convolution over 3 channels, then a 4-tap interpolation: sums of 27 and 4
+    # terms that oneDNN may add in another order, a few eps32 of the largest output.
+    np.testing.assert_allclose(_predict(config, x), expected, rtol=0,
+                               atol=1e-5 * np.abs(expected).max())
+
+
+@pytest.mark.skipif(not compat.ONEDNN_PLACEMENT.needed(), reason='not needed on this Paddle')
+def test_onednn_placement_workaround_is_still_needed_on_this_paddle(conv_interp):
+    """If Paddle fixes issue 79749, this fails: set ONEDNN_PLACEMENT.fixed in psanet.compat."""
+    path, x, _ = conv_interp
+    with pytest.raises(Exception, match='ConvertPirAttribute2RuntimeAttribute'):
+        _predict(_cpu_config(path, onednn=True), x)
+
+
+@pytest.mark.skipif(not compat.MEMORY_OPTIM.needed(), reason='not needed on this Paddle')
+def test_memory_optim_workaround_is_still_needed_on_this_paddle(conv_interp):
+    """If Paddle fixes issue 75496, this fails: set MEMORY_OPTIM.fixed in psanet.compat."""
+    path, x, _ = conv_interp
+    config = _cpu_config(path, onednn=False)
+    config.enable_memory_optim()
+    with pytest.raises(Exception, match='memory_optimize_pass'):
+        _predict(config, x)
+
+
+def test_paddle_core_library_is_the_core_module_file():
+    """The private name and its fallback agree, so the fallback links the same library."""
+    import os
+
+    from psanet.ops.build import paddle_core_library
+    assert paddle_core_library() == os.path.basename(paddle.base.libpaddle.__file__)
+
+
+def test_importing_compat_imports_no_paddleseg():
+    """The runtime may import psanet.compat without the training stack (run alone, as
+    psanet/__init__.py imports the models)."""
+    import subprocess
+    import sys
+    code = ('import importlib.util, sys; '
+            f'spec = importlib.util.spec_from_file_location("compat", {compat.__file__!r}); '
+            'module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module); '
+            'print(sorted(m for m in ("paddleseg", "psanet") if m in sys.modules))')
+    result = subprocess.run([sys.executable, '-c', code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split('\n')[-2] == '[]', result.stdout
+    assert 'ccache' not in result.stderr.lower(), result.stderr

@@ -251,6 +251,21 @@ def cuda_arch_flags(nvcc):
 
 # ----------------------------------------------------------------- build
 
+def paddle_core_library():
+    """File name of Paddle's core library (``libpaddle.so``), which the op links.
+
+    A Paddle-version workaround (entry 6 of the list in psanet/compat.py): only
+    the private ``extension_utils._get_core_name()`` knows the name; should it
+    go, the file name of the ``paddle.base.libpaddle`` module is the same.
+    """
+    try:
+        from paddle.utils.cpp_extension import extension_utils
+        return extension_utils._get_core_name()
+    except (ImportError, AttributeError):
+        import paddle
+        return os.path.basename(paddle.base.libpaddle.__file__)
+
+
 def compile_library(output_path, source_dir=None, with_cuda=None, verbose=False):
     """Builds the op library into ``output_path`` (written atomically)."""
     from paddle.utils.cpp_extension import extension_utils as eu
@@ -294,7 +309,7 @@ def compile_library(output_path, source_dir=None, with_cuda=None, verbose=False)
         linked = os.path.join(tmp, LIBRARY_NAME + '.so')
         link = [cxx, '-shared', '-o', linked] + objects + [f'-L{d}' for d in lib_dirs]
         link += [f'-Wl,-rpath,{d}' for d in lib_dirs]
-        link += ['-Wl,--no-as-needed', f'-l:{eu._get_core_name()}', '-Wl,--as-needed',
+        link += ['-Wl,--no-as-needed', f'-l:{paddle_core_library()}', '-Wl,--as-needed',
                  '-pthread']
         if with_cuda:
             link.append('-lcudart')

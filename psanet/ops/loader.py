@@ -4,7 +4,11 @@ Order: the library installed inside the package by ``setup.py``; else a build
 cached under ``$PSANET_OPS_CACHE`` (default ``~/.cache/psanet/ops``) in a folder
 named by the sources' hash, built once under a file lock so that many
 processes starting together (``paddle.distributed.launch``) share one build.
+
+The library also answers, through ctypes, how many threads its CPU kernels
+use (``psa_mask_cpu_threads``, ``psa_mask_last_cpu_threads``).
 """
+import ctypes
 import fcntl
 import os
 import sys
@@ -14,6 +18,7 @@ from . import build
 _INSTALLED = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                           build.LIBRARY_NAME + '.so')
 _loaded_path = None
+_handle = None
 
 
 def cache_dir():
@@ -47,9 +52,51 @@ def load_library():
     """Registers the op with Paddle (once per process); returns the library path."""
     global _loaded_path
     if _loaded_path is None:
-        from paddle.utils.cpp_extension.extension_utils import \
-            load_op_meta_info_and_register_op
         path = library_path()
-        load_op_meta_info_and_register_op(path)
+        register_op_library(path)
         _loaded_path = path
     return _loaded_path
+
+
+def register_op_library(path):
+    """Registers the ops of a built library with Paddle; returns their names.
+
+    A Paddle-version workaround (entry 7 of the list in psanet/compat.py):
+    Paddle has no public API for it; ``load_op_meta_info_and_register_op`` is
+    what the stubs of its own ``cpp_extension.setup`` call, re-exported by
+    ``paddle.utils.cpp_extension`` though not in its ``__all__``.
+    """
+    try:
+        from paddle.utils.cpp_extension import load_op_meta_info_and_register_op
+    except ImportError:
+        from paddle.utils.cpp_extension.extension_utils import \
+            load_op_meta_info_and_register_op
+    return load_op_meta_info_and_register_op(path)
+
+
+def _library():
+    global _handle
+    if _handle is None:
+        # The library Paddle loaded: dlopen of the same file returns it.
+        _handle = ctypes.CDLL(load_library())
+    return _handle
+
+
+def psa_mask_cpu_threads():
+    """How many threads a CPU ``psa_mask`` call made from this thread may use.
+
+    ``PSA_MASK_NUM_THREADS`` if set to a positive integer; else the count
+    Paddle's own CPU kernels run with on this thread (OpenMP's
+    ``omp_get_max_threads()``: ``OMP_NUM_THREADS``, which ``import paddle``
+    sets to 1 when unset, then ``paddle.base.core.set_num_threads(n)`` or the
+    predictor's ``set_cpu_math_library_num_threads(n)``); else, on a Paddle
+    without OpenMP, every hardware thread. A call on a small map uses fewer
+    (one per 65536 output elements at most).
+    """
+    return _library().psa_mask_cpu_threads()
+
+
+def psa_mask_last_cpu_threads():
+    """Threads the last CPU ``psa_mask`` forward or backward in this process ran on
+    (0 before the first); for tests and benchmarks."""
+    return _library().psa_mask_last_cpu_threads()

@@ -9,6 +9,13 @@ Parsing", ECCV 2018). Two implementations compute the same thing:
 * ``'paddle'``: standard Paddle ops only (an index gather); the reference the
   kernels are tested against, and the form that exports to ONNX or runs where
   the op library is not available.
+
+CPU threads: the C++ kernels run on as many threads as the process gives
+Paddle's CPU kernels (``OMP_NUM_THREADS``, which ``import paddle`` sets to 1
+when unset; ``paddle.base.core.set_num_threads``; the inference predictor's
+``set_cpu_math_library_num_threads``), so ranks sharing a machine do not
+oversubscribe it. ``PSA_MASK_NUM_THREADS=n`` overrides that for the op alone;
+``psa_mask_cpu_threads()`` says what a call would use.
 """
 import contextlib
 import numbers
