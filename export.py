@@ -23,8 +23,8 @@ def parse_args(argv=None):
                         help='Fixed input shape, e.g. 1 3 512 1024; None for a dynamic '
                         'dimension. Default: None 3 None None (any batch and size).')
     parser.add_argument('--output_op', default='argmax',
-                        help='argmax: int32 class ids [N, 1, H, W]; softmax: probabilities; '
-                        'none: logits.')
+                        help='argmax: int32 class ids [N, H, W]; softmax: probabilities '
+                        '[N, C, H, W]; none: logits [N, C, H, W] (as PaddleSeg\'s export.py).')
     parser.add_argument('--psa_impl', default='custom',
                         help='custom: the C++/CUDA op (needs its library at run time); '
                         'paddle: standard ops only (no library; exports to ONNX).')

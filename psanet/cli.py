@@ -81,7 +81,7 @@ def add_inference_flags(parser, aug_flag):
     ``psanet.core.val.check_inference_flags`` checks what they are given.
     """
     parser.add_argument(aug_flag, action='store_true', default=None,
-                        help='Average softmax over --scales and flips.')
+                        help='Average over --scales and flips (see --aug_combine).')
     parser.add_argument('--scales', nargs='+', type=float, default=None,
                         help=f'Scales for augmentation, e.g. 0.75 1.0 1.25 (with {aug_flag}).')
     parser.add_argument('--flip_horizontal', action='store_true', default=None,
@@ -90,6 +90,10 @@ def add_inference_flags(parser, aug_flag):
     parser.add_argument('--flip_vertical', action='store_true', default=None,
                         help=f'Add vertically flipped inputs to the augmentation (with '
                         f'{aug_flag}).')
+    parser.add_argument('--aug_combine', default=None, metavar='{logits,softmax}',
+                        help=f'With {aug_flag}: average the logits (paddleseg 2.8\'s '
+                        'aug_inference) or their softmax. Default: test_config.aug_combine, '
+                        'else logits.')
     parser.add_argument('--is_slide', action='store_true', default=None,
                         help='Sliding-window inference.')
     parser.add_argument('--crop_size', nargs=2, type=int, default=None,

@@ -34,7 +34,8 @@ INPUT_NAME = 'x'
 DYNAMIC_INPUT_SHAPE = (-1, 3, -1, -1)
 # The val transforms when a config (or deploy.yaml) names none.
 DEFAULT_TRANSFORMS = ({'type': 'Normalize'}, )
-# What the exported graph ends with: int32 class ids [N, 1, H, W], or float [N, C, H, W].
+# What the exported graph ends with, as in PaddleSeg's export: int32 class ids [N, H, W]
+# (argmax), probabilities (softmax) or logits (none), float [N, C, H, W].
 OUTPUT_OPS = ('argmax', 'softmax', 'none')
 PALETTES = ('cityscapes', 'default')
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp')

@@ -2,7 +2,13 @@
 
 Writes what Paddle 3 saves (``model.json`` + ``model.pdiparams``) and a
 ``deploy.yaml`` naming those files, the val transforms, the input shape, the
-output op and which PSA mask implementation the graph holds:
+output op and which PSA mask implementation the graph holds. The graph and
+``deploy.yaml`` keep PaddleSeg's contract, so its deploy tools run the export:
+the output ops are ``paddleseg.deploy.export.WrappedModel``'s (``argmax``:
+int32 class ids ``[N, H, W]``; ``softmax``: probabilities ``[N, C, H, W]``)
+and ``none`` saves the model itself (logits ``[N, C, H, W]``), as
+PaddleSeg's export.py does; ``paddleseg.deploy.infer.DeployConfig`` reads the
+``deploy.yaml``. On top of that:
 
 * ``psa_impl='custom'``: the C++/CUDA op, fastest; the runtime must load the op
   library before creating the predictor (``psanet.deploy.predictor.create_predictor``
@@ -21,8 +27,8 @@ import os
 
 import numpy as np
 import paddle
-import paddle.nn as nn
 import yaml
+from paddleseg.deploy.export import WrappedModel
 
 from psanet.contract import (DEFAULT_TRANSFORMS, DEPLOY_FILE, DEPLOY_SECTION, DYNAMIC_INPUT_SHAPE,
                              INPUT_NAME, ONNX_FILE, OUTPUT_OPS, PALETTES, PARAMS_FILE,
@@ -38,27 +44,23 @@ from psanet.log import get_logger
 from psanet.ops import psa_impl as use_psa_impl
 from psanet.ops.psa_mask import _IMPLS as PSA_IMPLS
 
-__all__ = ['ExportedModel', 'export_model', 'export_onnx', 'export_from_config',
+__all__ = ['exported_layer', 'export_model', 'export_onnx', 'export_from_config',
            'check_export_options', 'parse_input_shape', 'compare_with_dygraph']
 
 ONNX_OPSET = 13
 
 
-class ExportedModel(nn.Layer):
-    """The model's main logit followed by the output op, as the exported graph."""
+def exported_layer(model, output_op):
+    """The layer whose graph is saved: ``model`` followed by the output op, as PaddleSeg's
+    export.py builds it.
 
-    def __init__(self, model, output_op):
-        super().__init__()
-        self.model = model
-        self.output_op = output_op
-
-    def forward(self, x):
-        logit = self.model(x)[0]
-        if self.output_op == 'argmax':
-            return paddle.argmax(logit, axis=1, keepdim=True, dtype='int32')
-        if self.output_op == 'softmax':
-            return nn.functional.softmax(logit, axis=1)
-        return logit
+    Args:
+        model (paddle.nn.Layer): A segmentation model returning a list of logits (in eval
+            mode the main one only).
+        output_op (str): 'argmax' or 'softmax' (``paddleseg.deploy.export.WrappedModel``,
+            applied to each logit), or 'none' (``model`` itself).
+    """
+    return model if output_op == 'none' else WrappedModel(model, output_op)
 
 
 def parse_input_shape(input_shape):
@@ -119,8 +121,9 @@ def export_model(model, val_transforms, save_dir, input_shape=None, output_op='a
         save_dir (str): Output folder.
         input_shape (list, optional): ``[N, C, H, W]``, None/-1 for a dynamic dimension;
             None means ``[-1, 3, -1, -1]`` (dynamic batch and size). Default: None.
-        output_op (str, optional): 'argmax' (int32 class map [N, 1, H, W]),
-            'softmax' (probabilities) or 'none' (logits). Default: 'argmax'.
+        output_op (str, optional): 'argmax' (int32 class ids [N, H, W]), 'softmax'
+            (probabilities [N, C, H, W]) or 'none' (logits [N, C, H, W]), as PaddleSeg's
+            export.py. Default: 'argmax'.
         psa_impl (str, optional): 'custom' or 'paddle' (see module doc). Default: 'custom'.
         onnx (bool, optional): Also write model.onnx (needs psa_impl='paddle'). Default: False.
         num_classes (int, optional): Written to deploy.yaml. Default: None.
@@ -142,7 +145,7 @@ def _save(model, val_transforms, save_dir, shape, output_op, psa_impl, onnx, num
     """:func:`export_model` with its options checked."""
     os.makedirs(save_dir, exist_ok=True)
     was_training = model.training
-    wrapped = ExportedModel(model, output_op)
+    wrapped = exported_layer(model, output_op)
     wrapped.eval()
     spec = [paddle.static.InputSpec([None if s < 0 else s for s in shape], 'float32',
                                     INPUT_NAME)]
@@ -284,7 +287,7 @@ def compare_with_dygraph(model, deploy, image_paths, backend='paddle', **predict
                 logit = model(paddle.to_tensor(batch))[0].numpy()
             exported = runner.run(batch)
             if deploy.output_op == 'argmax':
-                labels = exported[:, 0]
+                labels = exported
             else:
                 labels = exported.argmax(1)
                 want = logit

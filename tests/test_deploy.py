@@ -18,7 +18,7 @@ from PIL import Image
 import psanet  # noqa: F401  (registers PSANet)
 from psanet.deploy.config import DeployConfig
 from psanet.deploy.predictor import PaddleRunner
-from psanet.deploy.processing import preprocess
+from psanet.deploy.processing import postprocess, preprocess
 from psanet.deploy.timing import StageTimer
 from psanet.errors import DeployError
 from conftest import MINI_PSANET_RTOL, ROOT, assert_logits_agree
@@ -187,7 +187,7 @@ def test_pure_paddle_export_runs_without_the_op_library(setup, tmp_path, mkldnn)
     assert 'NO_LIBRARY' in result.stdout
     with paddle.no_grad():
         want = model(paddle.to_tensor(x))[0].numpy()
-    assert_labels_agree(np.load(out)[0, 0], want[0], f'pure-Paddle export, mkldnn={mkldnn}')
+    assert_labels_agree(np.load(out)[0], want[0], f'pure-Paddle export, mkldnn={mkldnn}')
 
 
 @pytest.mark.parametrize('flags, message', [
@@ -244,6 +244,23 @@ def test_resize_in_the_transforms_is_undone(setup, tmp_path, capfd):
                         interpolation=cv2.INTER_NEAREST).transpose(2, 0, 1)
     with Image.open(tmp_path / 'out' / 'pseudo_color_prediction' / 'a.png') as mask:
         assert_labels_agree(np.asarray(mask), logits, 'resized input')
+
+
+def test_postprocess_takes_the_output_shapes_of_paddleseg_exports():
+    rng = np.random.RandomState(0)
+    ids = rng.randint(0, 19, (2, 8, 12)).astype('int32')         # argmax: [N, H, W]
+    scores = rng.uniform(-1, 1, (2, 19, 8, 12)).astype('float32')  # softmax, none: [N, C, H, W]
+    for output, output_op, want in ((ids, 'argmax', ids), (scores, 'softmax', scores.argmax(1)),
+                                    (scores, 'none', scores.argmax(1))):
+        labels = postprocess(output, output_op)
+        assert len(labels) == 2 and all(label.dtype == np.uint8 for label in labels)
+        np.testing.assert_array_equal(np.stack(labels), want)
+    # [N, 1, H, W]: an argmax export made before the exports kept PaddleSeg's shape.
+    with pytest.raises(DeployError, match=r'\[N, H, W\] class ids, got shape \[2, 1, 8, 12\].*'
+                       'export it again'):
+        postprocess(ids[:, None], 'argmax')
+    with pytest.raises(DeployError, match=r'\[N, C, H, W\] scores, got shape \[2, 8, 12\]'):
+        postprocess(ids, 'none')
 
 
 def test_deploy_config_errors(tmp_path):

@@ -1,6 +1,8 @@
 """psanet.core.val / metrics / infer and val.py, against independent numpy computations."""
 import glob
+import logging
 import os
+import re
 import subprocess
 import sys
 
@@ -18,7 +20,7 @@ from psanet.core import inference as infer
 from psanet.core.checkpoint import save_checkpoint
 from psanet.core.config import ComponentBuilder, load_config
 from psanet.core.metrics import class_areas, summarize
-from psanet.core.val import evaluate, evaluate_from_config, prediction_file_name
+from psanet.core.val import evaluate, evaluate_from_config, format_report, prediction_file_name
 from psanet.errors import CheckpointError, ConfigError
 
 IGNORE = 255
@@ -117,6 +119,35 @@ def test_evaluate_matches_independent_prediction(toy):
     assert_metrics_equal(result, expected)
 
 
+class _Lines(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+def test_evaluate_shows_paddleseg_progress_bar_instead_of_per_image_lines(toy, capfd):
+    config_path, _ = toy
+    model, dataset = _model_and_val(config_path)
+    logger = logging.getLogger('test_evaluate.progress')
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    lines = _Lines()
+    logger.addHandler(lines)
+    capfd.readouterr()
+    result = evaluate(model, dataset, logger=logger)
+    err = capfd.readouterr().err
+    # paddleseg.utils.progbar.Progbar's last update: the full bar, then the averages.
+    assert re.search(r'^5/5 \[=+\] - \d+s \d+(s|ms|us)/step - batch_cost: \S+ - reader cost: '
+                     r'\S+$', err.replace('\b', '').replace('\r', '\n'), re.M), repr(err)
+    assert lines.lines == ['Start evaluating (total_samples: 5, this rank: 5)...'] + \
+        format_report(result)
+    evaluate(model, dataset, print_detail=False)
+    assert '5/5' not in capfd.readouterr().err
+
+
 def test_reverse_transform_undoes_padding_then_resize():
     # Transforms recorded resize (from 16x32) then padding (from 12x20): undo padding first.
     valid = paddle.ones([1, 2, 12, 20])
@@ -199,41 +230,49 @@ def test_slide_arguments_are_checked():
         infer.slide_windows(32, 64, None, (4, 4))
 
 
-def test_aug_inference_averages_flipped_softmax(toy):
+@pytest.mark.parametrize('combine', ['logits', 'softmax'])
+def test_aug_inference_averages_flipped_and_scaled_outputs(toy, combine):
     config_path, _ = toy
     model, dataset = _model_and_val(config_path)
     x = _normalised(dataset.file_list[1][0])
-    got = infer.aug_inference(model, x, flip_horizontal=True, flip_vertical=True).numpy()
+    kwargs = {} if combine == 'logits' else {'combine': combine}  # logits: the default
+    got = infer.aug_inference(model, x, flip_horizontal=True, flip_vertical=True,
+                              **kwargs).numpy()
 
-    def probs(array):
+    def scores(array):
         with paddle.no_grad():
-            return F.softmax(model(paddle.to_tensor(np.ascontiguousarray(array)))[0], 1).numpy()
+            logit = model(paddle.to_tensor(np.ascontiguousarray(array)))[0]
+            return (logit if combine == 'logits' else F.softmax(logit, 1)).numpy()
 
     image = x.numpy()
-    expected = (probs(image) + probs(image[..., ::-1])[..., ::-1] +
-                probs(image[..., ::-1, :])[..., ::-1, :] +
-                probs(image[..., ::-1, ::-1])[..., ::-1, ::-1]) / 4
-    # The same softmax of the same logits (flips are exact), averaged in another order:
-    # a few eps32 (1e-7) of probabilities <= 1.
+    expected = (scores(image) + scores(image[..., ::-1])[..., ::-1] +
+                scores(image[..., ::-1, :])[..., ::-1, :] +
+                scores(image[..., ::-1, ::-1])[..., ::-1, ::-1]) / 4
+    # The same logits (flips are exact), or their softmax, averaged in another order:
+    # a few eps32 (1e-7) of values of about 1.
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
-    scaled = infer.aug_inference(model, x, scales=[0.5, 1.0, 1.5]).numpy()
+    scaled = infer.aug_inference(model, x, scales=[0.5, 1.0, 1.5], **kwargs).numpy()
     height, width = x.shape[2:]
     expected = 0
     with paddle.no_grad():
         for scale in (0.5, 1.0, 1.5):
             resized = F.interpolate(x, [round(height * scale), round(width * scale)],
                                     mode='bilinear', align_corners=False)
-            prob = F.softmax(model(resized)[0], axis=1)
-            expected += F.interpolate(prob, [height, width], mode='bilinear',
+            score = model(resized)[0]
+            score = score if combine == 'logits' else F.softmax(score, axis=1)
+            expected += F.interpolate(score, [height, width], mode='bilinear',
                                       align_corners=False).numpy() / 3
     np.testing.assert_allclose(scaled, expected, rtol=1e-5, atol=1e-6)
     with pytest.raises(ConfigError, match='--scales'):
         infer.aug_inference(model, x, scales=[0.0])
+    with pytest.raises(ConfigError, match='--aug_combine'):
+        infer.aug_inference(model, x, combine='mean')
 
 
 def _reference_score(model, x, scales=(1.0, ), flips=((False, False), ), crop=None,
-                     stride=None):
-    """Softmax averaged over scales and flips (or logits without them), step by step."""
+                     stride=None, combine='logits'):
+    """Logits (or their softmax) summed over scales and flips (logits without them), step
+    by step."""
     height, width = x.shape[2:]
 
     def logits(image):
@@ -252,9 +291,10 @@ def _reference_score(model, x, scales=(1.0, ), flips=((False, False), ), crop=No
         for horizontal, vertical in flips:
             axes = ([3] if horizontal else []) + ([2] if vertical else [])
             flipped = paddle.flip(resized, axes) if axes else resized
-            prob = F.softmax(logits(flipped), axis=1)
-            prob = paddle.flip(prob, axes) if axes else prob
-            total += F.interpolate(prob, [height, width], mode='bilinear',
+            score = logits(flipped)
+            score = F.softmax(score, axis=1) if combine == 'softmax' else score
+            score = paddle.flip(score, axes) if axes else score
+            total += F.interpolate(score, [height, width], mode='bilinear',
                                    align_corners=False).numpy()
     return total
 
@@ -266,6 +306,8 @@ def _reference_score(model, x, scales=(1.0, ), flips=((False, False), ), crop=No
      dict(scales=(0.75, 1.0), flips=((False, False), (True, False)))),
     (dict(aug_eval=True, flip_vertical=True, is_slide=True, crop_size=(32, 32), stride=(16, 16)),
      dict(flips=((False, False), (False, True)), crop=(32, 32), stride=(16, 16))),
+    (dict(aug_eval=True, scales=[0.75, 1.0], flip_horizontal=True, aug_combine='softmax'),
+     dict(scales=(0.75, 1.0), flips=((False, False), (True, False)), combine='softmax')),
 ])
 def test_evaluate_aug_and_slide_options_match_step_by_step_predictions(toy, options, reference):
     config_path, _ = toy

@@ -1,6 +1,6 @@
 """Inference flags that would be ignored, or hold bad values, are refused in one line.
 
-``--scales`` and the flips act only with ``--aug_eval`` (``--aug_pred``),
+``--scales``, the flips and ``--aug_combine`` act only with ``--aug_eval`` (``--aug_pred``),
 ``--crop_size`` and ``--stride`` only with ``--is_slide``; the config's
 ``test_config`` counts as set.
 """
@@ -22,6 +22,7 @@ NEEDS = [
     (['--scales', '0.75', '1.25'], '--scales', '--aug_eval'),
     (['--flip_horizontal'], '--flip_horizontal', '--aug_eval'),
     (['--flip_vertical'], '--flip_vertical', '--aug_eval'),
+    (['--aug_combine', 'softmax'], '--aug_combine', '--aug_eval'),
     (['--crop_size', '64', '32'], '--crop_size', '--is_slide'),
     (['--stride', '32', '16'], '--stride', '--is_slide'),
     (['--is_slide', '--crop_size', '64', '32', '--stride', '32', '16', '--flip_horizontal'],
@@ -47,6 +48,8 @@ def test_a_flag_without_the_flag_it_needs(argv, lonely, needed):
     [],
     ['--aug_eval'],
     ['--aug_eval', '--scales', '0.75', '1.0', '1.25', '--flip_horizontal', '--flip_vertical'],
+    ['--aug_eval', '--aug_combine', 'logits'],
+    ['--aug_eval', '--flip_horizontal', '--aug_combine', 'softmax'],
     ['--is_slide', '--crop_size', '64', '32', '--stride', '32', '16'],
     ['--aug_eval', '--flip_horizontal', '--is_slide', '--crop_size', '64', '32', '--stride',
      '64', '32'],
@@ -67,6 +70,10 @@ def test_test_config_switches_count():
     (['--aug_eval', '--scales', '-0.5'], None, '--scales must be positive numbers'),
     (['--aug_eval', '--scales', '1.0', '0'], None, '--scales must be positive numbers'),
     (['--aug_eval'], {'scales': -1}, 'test_config.scales must be positive numbers'),
+    (['--aug_eval', '--aug_combine', 'mean'], None,
+     "--aug_combine must be one of logits or softmax, got 'mean'"),
+    (['--aug_eval'], {'aug_combine': 'probs'},
+     "test_config.aug_combine must be one of logits or softmax, got 'probs'"),
     (['--is_slide', '--crop_size', '0', '32', '--stride', '16', '16'], None,
      '--crop_size must be two positive integers'),
     (['--is_slide', '--crop_size', '64', '32', '--stride', '16', '-1'], None,
@@ -77,6 +84,17 @@ def test_test_config_switches_count():
 def test_bad_values(argv, test_config, named):
     with pytest.raises(ConfigError, match=re.escape(named)):
         check_inference_flags(flags(argv), '--aug_eval', test_config)
+
+
+def test_aug_combine_from_test_config_or_the_command_line():
+    from psanet.core.val import merge_test_config
+    assert merge_test_config({})['aug_combine'] == 'logits'  # paddleseg 2.8's
+    assert merge_test_config({'aug_combine': 'softmax'})['aug_combine'] == 'softmax'
+    assert merge_test_config({'aug_combine': 'softmax'}, aug_combine='logits')[
+        'aug_combine'] == 'logits'
+    assert merge_test_config({'aug_combine': 'softmax'}, aug_combine=None)[
+        'aug_combine'] == 'softmax'
+    check_inference_flags(flags(['--aug_combine', 'softmax']), '--aug_eval', {'aug_eval': True})
 
 
 def test_predict_names_its_own_flag():

@@ -1,5 +1,6 @@
 """psanet.core.predict and predict.py: both outputs for a file, a folder and a list; bad input."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -11,7 +12,8 @@ import pytest
 from PIL import Image
 
 import engine_helpers as helpers
-from conftest import MINI_CONFIG, ROOT, TINY_SEGNET_RTOL, assert_logits_agree
+from conftest import (MINI_CONFIG, ROOT, TINY_SEGNET_RTOL, assert_logits_agree,
+                      clear_margin_pixels)
 from psanet.core.checkpoint import save_checkpoint
 from psanet.cli import run_cli
 from psanet.contract import color_map, get_image_list
@@ -85,6 +87,18 @@ def test_predict_file_folder_and_list(tmp_path, setup):
     _check_outputs(out, 'a.png', images / 'a.png', model)
 
 
+def test_predict_shows_paddleseg_progress_bar(tmp_path, setup, capfd):
+    config, weights, images, _ = setup
+    capfd.readouterr()
+    predict_from_config(config, weights, str(images), save_dir=str(tmp_path / 'out'),
+                        device='cpu')
+    out, err = capfd.readouterr()
+    # paddleseg.utils.progbar.Progbar's last update for the 2 images, and no line per image.
+    assert re.search(r'^2/2 \[=+\] - \d+s \d+(s|ms|us)/step$',
+                     err.replace('\b', '').replace('\r', '\n'), re.M), repr(err)
+    assert 'a.png' not in out + err
+
+
 def _softmax(logits):
     exp = np.exp(logits - logits.max(1, keepdims=True))
     return exp / exp.sum(1, keepdims=True)
@@ -97,9 +111,6 @@ def test_predict_augmented_and_sliding_window(tmp_path, setup):
     weight = model.classifier.weight
     weight.set_value(np.random.default_rng(0).normal(size=weight.shape).astype(np.float32))
     save_checkpoint(weights, model)
-    out = str(tmp_path / 'aug')
-    predict_from_config(config, weights, str(images / 'a.png'), save_dir=out, device='cpu',
-                        aug_pred=True, flip_horizontal=True, scales=[1.0])
     image = ((cv2.cvtColor(cv2.imread(str(images / 'a.png')), cv2.COLOR_BGR2RGB)
               .astype(np.float32) / 255.0 - 0.5) / 0.5).transpose(2, 0, 1)[None]
     model.eval()
@@ -109,10 +120,26 @@ def test_predict_augmented_and_sliding_window(tmp_path, setup):
             return model(paddle.to_tensor(np.ascontiguousarray(array)))[0].numpy()
 
     assert len(np.unique(logits(image).argmax(1))) > 1
-    expected = (_softmax(logits(image)) + _softmax(logits(image[..., ::-1]))[..., ::-1]) / 2
-    assert not np.array_equal(expected.argmax(1), logits(image).argmax(1))
-    got = np.asarray(Image.open(os.path.join(out, 'pseudo_color_prediction', 'a.png')))
-    assert_logits_agree(got[None], expected, RTOL, 'flip-averaged probabilities')
+    # By default the logits are averaged (paddleseg 2.8's aug_inference); with
+    # aug_combine='softmax', their softmax.
+    expected = {
+        None: (logits(image) + logits(image[..., ::-1])[..., ::-1]) / 2,
+        'softmax': (_softmax(logits(image)) + _softmax(logits(image[..., ::-1]))[..., ::-1]) / 2,
+    }
+    # Some pixels clear in both references take another class in each: each run below
+    # can only pass with its own combination.
+    logit_mean, prob_mean = expected[None], expected['softmax']
+    assert ((logit_mean.argmax(1) != prob_mean.argmax(1)) &
+            clear_margin_pixels(logit_mean, RTOL * np.abs(logit_mean).max()) &
+            clear_margin_pixels(prob_mean, RTOL * np.abs(prob_mean).max())).any()
+    for aug_combine, want in expected.items():
+        out = str(tmp_path / f'aug_{aug_combine}')
+        predict_from_config(config, weights, str(images / 'a.png'), save_dir=out, device='cpu',
+                            aug_pred=True, flip_horizontal=True, scales=[1.0],
+                            aug_combine=aug_combine)
+        assert not np.array_equal(want.argmax(1), logits(image).argmax(1))
+        got = np.asarray(Image.open(os.path.join(out, 'pseudo_color_prediction', 'a.png')))
+        assert_logits_agree(got[None], want, RTOL, f'flip-averaged, aug_combine={aug_combine}')
     # 3 x 3 overlapping windows on the 64x32 image; TinySegNet's zero padding makes
     # every window's logits differ from the whole image's, so the placement matters.
     out = str(tmp_path / 'slide')

@@ -6,15 +6,19 @@ mapped back to the original label size by undoing the shape changes the
 transforms recorded in ``trans_info`` (('resize', [h, w]) / ('padding', [h, w])
 entries, most recent last).
 
-Why not ``paddleseg.core.infer`` (2.8.0, which imports on Paddle 3.3.1):
+``aug_inference`` combines scales and flips as paddleseg 2.8's
+``paddleseg.core.infer.aug_inference`` does by default (``combine='logits'``:
+the mean of the logits, each flipped back and resized to the input size, then
+the recorded transforms undone); ``combine='softmax'`` averages their softmax
+instead, so that a scale with larger logits does not dominate (the ranking
+of classes the PaddleSeg 2.4 reproduction got by summing them).
+
+Why not ``paddleseg.core.infer`` itself (2.8.0, which imports on Paddle 3.3.1):
 the engine does not use ``paddleseg.core`` at all (its train/evaluate fail
 on Paddle 3, see psanet/compat.py), and its inference differs where it
 matters here:
 
-* ``aug_inference`` there averages raw logits over scales and flips; here the
-  softmax of each is averaged, after the flip is undone and before the
-  resize back to the input size, so a scale with larger logits does not
-  dominate (and ``evaluate`` scores probabilities);
+* ``aug_inference`` there has no softmax combination;
 * ``slide_inference`` there accumulates windows in float64 numpy and returns
   a float64 tensor (a host copy per window, and no fp16 path); here it stays
   a Paddle tensor of the model's dtype;
@@ -46,7 +50,8 @@ from psanet.errors import ConfigError, InferenceMemoryError
 from psanet.models.psanet import PSABranch
 
 __all__ = ['reverse_transform', 'slide_windows', 'slide_inference', 'inference',
-           'aug_inference', 'flip_combinations', 'check_slide_args', 'available_memory',
+           'aug_inference', 'AUG_COMBINES', 'flip_combinations', 'check_slide_args',
+           'available_memory',
            'attention_map_shapes', 'attention_memory', 'check_attention_memory']
 
 
@@ -204,13 +209,20 @@ def _flip(x, horizontal, vertical):
     return paddle.flip(x, axis=axes) if axes else x
 
 
+# How aug_inference combines scales and flips: the mean of the logits (paddleseg 2.8's
+# aug_inference), or the mean of their softmax.
+AUG_COMBINES = ('logits', 'softmax')
+
+
 def aug_inference(model, image, trans_info=None, scales=1.0, flip_horizontal=False,
-                  flip_vertical=False, is_slide=False, crop_size=None, stride=None):
-    """Softmax probabilities averaged over scales and flips.
+                  flip_vertical=False, is_slide=False, crop_size=None, stride=None,
+                  combine='logits'):
+    """Logits (or probabilities) averaged over scales and flips.
 
     Each scale resizes the input by ``scale`` (bilinear), each flip is undone
-    on the output, and every probability map is resized back to the input
-    size before averaging.
+    on the output, and every output is resized back to the input size before
+    averaging; then the recorded transforms are undone. With
+    ``combine='logits'`` this is paddleseg 2.8's ``aug_inference``.
 
     Args:
         model (paddle.nn.Layer): segmentation model in eval mode.
@@ -222,15 +234,20 @@ def aug_inference(model, image, trans_info=None, scales=1.0, flip_horizontal=Fal
         is_slide (bool, optional): sliding windows at each scale. Default: False.
         crop_size (tuple, optional): (w, h) when is_slide. Default: None.
         stride (tuple, optional): (w, h) when is_slide. Default: None.
+        combine (str, optional): 'logits' averages the logits (paddleseg 2.8);
+            'softmax' averages their softmax. Default: 'logits'.
 
     Returns:
-        Tensor: [N, num_classes, h, w] probabilities.
+        Tensor: [N, num_classes, h, w] mean logits, or mean probabilities with
+        ``combine='softmax'``.
 
     Raises:
         InferenceMemoryError: before the model runs, when the attention maps of
             the largest network input (scale, or window) cannot fit in the
             memory available.
     """
+    if combine not in AUG_COMBINES:
+        raise ConfigError(f'--aug_combine must be one of {AUG_COMBINES}, got {combine!r}.')
     if isinstance(scales, (int, float)):
         scales = [scales]
     scales = [float(s) for s in scales]
@@ -244,19 +261,23 @@ def aug_inference(model, image, trans_info=None, scales=1.0, flip_horizontal=Fal
     total = None
     for scale in scales:
         size = list(_scaled_size(height, width, scale))
+        # A bilinear resize to the same size is the identity, bit for bit: skipped.
         scaled = image if size == [height, width] else F.interpolate(
             image, size, mode='bilinear', align_corners=False)
         for horizontal, vertical in combos:
-            logit = _inference(model, _flip(scaled, horizontal, vertical), None, is_slide,
+            score = _inference(model, _flip(scaled, horizontal, vertical), None, is_slide,
                                crop_size, stride)
-            prob = _flip(F.softmax(logit, axis=1), horizontal, vertical)
-            if list(prob.shape[-2:]) != [height, width]:
-                prob = F.interpolate(prob, [height, width], mode='bilinear', align_corners=False)
-            total = prob if total is None else total + prob
-    prob = total / float(len(scales) * len(combos))
+            if combine == 'softmax':
+                score = F.softmax(score, axis=1)
+            score = _flip(score, horizontal, vertical)
+            if list(score.shape[-2:]) != [height, width]:
+                score = F.interpolate(score, [height, width], mode='bilinear',
+                                      align_corners=False)
+            total = score if total is None else total + score
+    score = total / float(len(scales) * len(combos))
     if trans_info is not None:
-        prob = reverse_transform(prob, trans_info)
-    return prob
+        score = reverse_transform(score, trans_info)
+    return score
 
 
 def _scaled_size(height, width, scale):

@@ -16,6 +16,7 @@ import numpy as np
 import paddle
 from paddleseg.datasets import Cityscapes
 from paddleseg.transforms import Compose
+from paddleseg.utils import progbar
 
 from psanet.contract import (check_save_dir, color_map, get_image_list, read_images,
                              save_prediction)
@@ -44,7 +45,7 @@ def palette_for(dataset_class):
 
 def predict(model, transforms, image_list, save_dir='output/result', aug_pred=False, scales=1.0,
             flip_horizontal=False, flip_vertical=False, is_slide=False, crop_size=None,
-            stride=None, colors=None, logger=None):
+            stride=None, aug_combine='logits', colors=None, logger=None):
     """Predicts every image of ``image_list`` (this rank's share) and writes both outputs.
 
     Args:
@@ -53,13 +54,16 @@ def predict(model, transforms, image_list, save_dir='output/result', aug_pred=Fa
         image_list (list): ``(image path, relative output path)`` from
             :func:`psanet.contract.get_image_list`.
         save_dir (str, optional): output root. Default: 'output/result'.
-        aug_pred (bool, optional): average softmax over scales and flips. Default: False.
+        aug_pred (bool, optional): average over scales and flips
+            (:func:`psanet.core.inference.aug_inference`). Default: False.
         scales (float | list, optional): scales for aug_pred. Default: 1.0.
         flip_horizontal (bool, optional): horizontal flips for aug_pred. Default: False.
         flip_vertical (bool, optional): vertical flips for aug_pred. Default: False.
         is_slide (bool, optional): sliding-window inference. Default: False.
         crop_size (tuple, optional): (w, h) window when is_slide. Default: None.
         stride (tuple, optional): (w, h) step when is_slide. Default: None.
+        aug_combine (str, optional): with aug_pred, average the 'logits' (paddleseg
+            2.8's aug_inference) or their 'softmax'. Default: 'logits'.
         colors (list, optional): flat palette from :func:`psanet.contract.color_map`.
             Default: Cityscapes colours.
         logger (logging.Logger, optional): Default: the 'psanet' logger.
@@ -82,6 +86,9 @@ def predict(model, transforms, image_list, save_dir='output/result', aug_pred=Fa
     mine = image_list[dist.rank()::dist.world_size()]
     written, unreadable = [], []
     logger.info(f'Predicting {len(image_list)} images into {save_dir} ...')
+    # PaddleSeg's predict shows this bar; only rank 0 updates it.
+    bar = progbar.Progbar(target=len(mine), verbose=1 if dist.rank() == 0 else 2) \
+        if mine else None
     with paddle.no_grad():
         for image, relative in read_images(mine, unreadable, logger):
             data = compose({'img': image.astype('float32'), 'trans_info': []})
@@ -90,7 +97,8 @@ def predict(model, transforms, image_list, save_dir='output/result', aug_pred=Fa
                 score = inference.aug_inference(model, tensor, data['trans_info'], scales=scales,
                                                 flip_horizontal=flip_horizontal,
                                                 flip_vertical=flip_vertical, is_slide=is_slide,
-                                                crop_size=crop_size, stride=stride)
+                                                crop_size=crop_size, stride=stride,
+                                                combine=aug_combine)
             else:
                 score = inference.inference(model, tensor, data['trans_info'], is_slide=is_slide,
                                             crop_size=crop_size, stride=stride)
@@ -99,6 +107,10 @@ def predict(model, transforms, image_list, save_dir='output/result', aug_pred=Fa
                 pred = cv2.resize(pred, (image.shape[1], image.shape[0]),
                                   interpolation=cv2.INTER_NEAREST)
             written.append(save_prediction(pred, image, relative, save_dir, colors))
+            if bar is not None and dist.rank() == 0:
+                bar.update(len(written) + len(unreadable))
+    if bar is not None and dist.rank() == 0 and len(written) + len(unreadable) < len(mine):
+        bar.update(len(mine))  # the last images could not be read
     logger.info(f'Predicted images are saved in {os.path.join(save_dir, "added_prediction")} '
                 f'and {os.path.join(save_dir, "pseudo_color_prediction")} .')
     if unreadable:
@@ -108,7 +120,8 @@ def predict(model, transforms, image_list, save_dir='output/result', aug_pred=Fa
 
 def predict_from_config(config, model_path, image_path, save_dir='output/result', device=None,
                         aug_pred=None, scales=None, flip_horizontal=None, flip_vertical=None,
-                        is_slide=None, crop_size=None, stride=None, custom_color=None, opts=None):
+                        is_slide=None, crop_size=None, stride=None, aug_combine=None,
+                        custom_color=None, opts=None):
     """predict.py: builds the model from ``config``, loads ``model_path``, predicts ``image_path``.
 
     Flags left as None take their value from the config's ``test_config``.
@@ -124,7 +137,7 @@ def predict_from_config(config, model_path, image_path, save_dir='output/result'
     cfg = load_config(config, opts=opts)
     check_inference_flags(dict(aug_pred=aug_pred, scales=scales, flip_horizontal=flip_horizontal,
                                flip_vertical=flip_vertical, is_slide=is_slide,
-                               crop_size=crop_size, stride=stride),
+                               crop_size=crop_size, stride=stride, aug_combine=aug_combine),
                           '--aug_pred', cfg.dic.get('test_config'))
     image_list = get_image_list(image_path)
     builder = ComponentBuilder(cfg)
@@ -133,7 +146,8 @@ def predict_from_config(config, model_path, image_path, save_dir='output/result'
     logger.info(f'Loaded weights {path}')
     options = merge_test_config(builder.test_config, aug_eval=aug_pred, scales=scales,
                                 flip_horizontal=flip_horizontal, flip_vertical=flip_vertical,
-                                is_slide=is_slide, crop_size=crop_size, stride=stride)
+                                is_slide=is_slide, crop_size=crop_size, stride=stride,
+                                aug_combine=aug_combine)
     options['aug_pred'] = options.pop('aug_eval')
     val_class = builder.val_dataset_class if cfg.val_dataset_cfg else None
     colors = color_map(getattr(model, 'num_classes', None), custom_color,

@@ -16,7 +16,7 @@ import cv2
 import numpy as np
 import paddle
 from paddleseg.datasets import Cityscapes
-from paddleseg.utils import TimeAverager
+from paddleseg.utils import TimeAverager, progbar
 
 from psanet.core import dist, inference
 from psanet.core.checkpoint import load_model_weights, resolve_weights_path
@@ -84,20 +84,24 @@ def format_report(result):
 
 
 def evaluate(model, dataset, aug_eval=False, scales=1.0, flip_horizontal=False, flip_vertical=False,
-             is_slide=False, crop_size=None, stride=None, precision='fp32', amp_level='O1',
-             num_workers=0, losses=None, save_dir=None, print_detail=True, logger=None):
+             is_slide=False, crop_size=None, stride=None, aug_combine='logits', precision='fp32',
+             amp_level='O1', num_workers=0, losses=None, save_dir=None, print_detail=True,
+             logger=None):
     """Evaluates ``model`` on ``dataset`` (this rank's share; areas summed over ranks).
 
     Args:
         model (paddle.nn.Layer): the model (not a DataParallel wrapper).
         dataset (paddle.io.Dataset): a paddleseg dataset in 'val' mode.
-        aug_eval (bool, optional): average softmax over ``scales`` and flips. Default: False.
+        aug_eval (bool, optional): average over ``scales`` and flips
+            (:func:`psanet.core.inference.aug_inference`). Default: False.
         scales (float | list, optional): scales for aug_eval. Default: 1.0.
         flip_horizontal (bool, optional): horizontal flips for aug_eval. Default: False.
         flip_vertical (bool, optional): vertical flips for aug_eval. Default: False.
         is_slide (bool, optional): sliding-window inference. Default: False.
         crop_size (tuple, optional): (w, h) window when is_slide. Default: None.
         stride (tuple, optional): (w, h) step when is_slide. Default: None.
+        aug_combine (str, optional): with aug_eval, average the 'logits' (paddleseg
+            2.8's aug_inference) or their 'softmax'. Default: 'logits'.
         precision (str, optional): 'fp32' or 'fp16' (GPU only). Default: 'fp32'.
         amp_level (str, optional): 'O1' or 'O2'. Default: 'O1'.
         num_workers (int, optional): DataLoader workers. Default: 0.
@@ -105,7 +109,8 @@ def evaluate(model, dataset, aug_eval=False, scales=1.0, flip_horizontal=False, 
             aug_eval) the validation loss of the main logit (its coef times its
             loss, averaged over images) is reported too. Default: None.
         save_dir (str, optional): also write predictions there. Default: None.
-        print_detail (bool, optional): log progress and PaddleSeg's [EVAL] lines. Default: True.
+        print_detail (bool, optional): show PaddleSeg's progress bar (on stderr, rank 0)
+            and log its [EVAL] lines. Default: True.
         logger (logging.Logger, optional): Default: the 'psanet' logger.
 
     Returns:
@@ -126,11 +131,14 @@ def evaluate(model, dataset, aug_eval=False, scales=1.0, flip_horizontal=False, 
     total = len(sampler)
     if print_detail:
         logger.info(f'Start evaluating (total_samples: {len(dataset)}, this rank: {total})...')
-    batch_cost = TimeAverager()
-    report_every = max(1, total // 10)
+    # PaddleSeg's evaluate shows this bar; only rank 0 updates it.
+    bar = progbar.Progbar(target=total, verbose=1 if dist.rank() == 0 else 2) \
+        if print_detail and total else None
+    batch_cost, reader_cost = TimeAverager(), TimeAverager()
     start = time.time()
     with paddle.no_grad():
         for step, data in enumerate(loader):
+            reader_cost.record(time.time() - start)
             raise_if_error(data)
             image, label = data['img'], data['label']
             trans_info = data['trans_info'][0]
@@ -140,7 +148,7 @@ def evaluate(model, dataset, aug_eval=False, scales=1.0, flip_horizontal=False, 
                                                     flip_horizontal=flip_horizontal,
                                                     flip_vertical=flip_vertical,
                                                     is_slide=is_slide, crop_size=crop_size,
-                                                    stride=stride)
+                                                    stride=stride, combine=aug_combine)
                 else:
                     score = inference.inference(model, image, trans_info, is_slide=is_slide,
                                                 crop_size=crop_size, stride=stride)
@@ -161,10 +169,11 @@ def evaluate(model, dataset, aug_eval=False, scales=1.0, flip_horizontal=False, 
                 image_path = sample_paths(dataset, index)[0] or f'{index:06d}.png'
                 _write_prediction(pred.numpy()[0, 0], image_path, dataset, save_dir)
             batch_cost.record(time.time() - start, num_samples=1)
-            if print_detail and ((step + 1) % report_every == 0 or step + 1 == total):
-                logger.info(f'[EVAL] {step + 1}/{total} images, batch_cost '
-                            f'{batch_cost.get_average():.4f} s')
-                batch_cost.reset()
+            if bar is not None and dist.rank() == 0:
+                bar.update(step + 1, [('batch_cost', batch_cost.get_average()),
+                                      ('reader cost', reader_cost.get_average())])
+            batch_cost.reset()
+            reader_cost.reset()
             start = time.time()
     summed = dist.all_reduce_sum(np.concatenate([areas.ravel(), [loss_sum, loss_count]]))
     areas = np.rint(summed[:-2]).astype('int64').reshape(3, num_classes)
@@ -185,7 +194,7 @@ def evaluate(model, dataset, aug_eval=False, scales=1.0, flip_horizontal=False, 
 def merge_test_config(test_config, **flags):
     """Command-line flags override the config's test_config; unset flags (None) keep it."""
     merged = dict(aug_eval=False, scales=1.0, flip_horizontal=False, flip_vertical=False,
-                  is_slide=False, crop_size=None, stride=None)
+                  is_slide=False, crop_size=None, stride=None, aug_combine='logits')
     unknown = [k for k in test_config if k not in merged]
     if unknown:
         raise ConfigError(f'test_config has unknown keys {unknown}: known are {list(merged)}.')
@@ -197,17 +206,17 @@ def merge_test_config(test_config, **flags):
 def check_inference_flags(flags, aug_flag, test_config=None):
     """Raises ConfigError for an inference flag that would be ignored or has a bad value.
 
-    ``--scales`` and the flips only act with ``aug_flag``, ``--crop_size`` and
-    ``--stride`` only with ``--is_slide``: given without it, each would leave
-    the result unchanged without a word. The config's ``test_config`` counts
-    as given (its ``aug_eval`` switches on ``aug_flag``); its values are
-    checked too.
+    ``--scales``, the flips and ``--aug_combine`` only act with ``aug_flag``,
+    ``--crop_size`` and ``--stride`` only with ``--is_slide``: given without it,
+    each would leave the result unchanged without a word. The config's
+    ``test_config`` counts as given (its ``aug_eval`` switches on
+    ``aug_flag``); its values are checked too.
 
     Args:
         flags (dict | argparse.Namespace): the command line's values of
             ``aug_eval`` / ``aug_pred`` (``aug_flag`` without dashes), ``scales``,
-            ``flip_horizontal``, ``flip_vertical``, ``is_slide``, ``crop_size`` and
-            ``stride``; None (or absent) where not given.
+            ``flip_horizontal``, ``flip_vertical``, ``aug_combine``, ``is_slide``,
+            ``crop_size`` and ``stride``; None (or absent) where not given.
         aug_flag (str): '--aug_eval' (val.py) or '--aug_pred' (predict.py).
         test_config (dict, optional): the config's ``test_config``. Default: None.
 
@@ -226,6 +235,7 @@ def check_inference_flags(flags, aug_flag, test_config=None):
     for name, switch, needs in (('scales', aug, aug_flag),
                                 ('flip_horizontal', aug, aug_flag),
                                 ('flip_vertical', aug, aug_flag),
+                                ('aug_combine', aug, aug_flag),
                                 ('crop_size', slide, '--is_slide'),
                                 ('stride', slide, '--is_slide')):
         if name in given and not switch:
@@ -235,6 +245,10 @@ def check_inference_flags(flags, aug_flag, test_config=None):
     def where(name):
         return f'--{name}' if name in given else f'test_config.{name}'
 
+    combine = given.get('aug_combine', test_config.get('aug_combine'))
+    if combine is not None and combine not in inference.AUG_COMBINES:
+        raise ConfigError(f'{where("aug_combine")} must be one of '
+                          f'{" or ".join(inference.AUG_COMBINES)}, got {combine!r}.')
     scales = given.get('scales', test_config.get('scales'))
     if scales is not None:
         values = scales if isinstance(scales, (list, tuple)) else [scales]
@@ -262,7 +276,8 @@ def _positive_number(value):
 
 def evaluate_from_config(config, model_path, device=None, num_workers=0, aug_eval=None, scales=None,
                          flip_horizontal=None, flip_vertical=None, is_slide=None, crop_size=None,
-                         stride=None, save_dir=None, precision='fp32', amp_level='O1', opts=None):
+                         stride=None, aug_combine=None, save_dir=None, precision='fp32',
+                         amp_level='O1', opts=None):
     """val.py: builds the model and val dataset from ``config``, loads ``model_path`` and evaluates.
 
     Flags left as None take their value from the config's ``test_config``.
@@ -277,7 +292,7 @@ def evaluate_from_config(config, model_path, device=None, num_workers=0, aug_eva
     cfg = load_config(config, opts=opts)
     check_inference_flags(dict(aug_eval=aug_eval, scales=scales, flip_horizontal=flip_horizontal,
                                flip_vertical=flip_vertical, is_slide=is_slide,
-                               crop_size=crop_size, stride=stride),
+                               crop_size=crop_size, stride=stride, aug_combine=aug_combine),
                           '--aug_eval', cfg.dic.get('test_config'))
     builder = ComponentBuilder(cfg)
     dataset = builder.dataset('val')
@@ -286,6 +301,7 @@ def evaluate_from_config(config, model_path, device=None, num_workers=0, aug_eva
     logger.info(f'Loaded weights {path}')
     options = merge_test_config(builder.test_config, aug_eval=aug_eval, scales=scales,
                                  flip_horizontal=flip_horizontal, flip_vertical=flip_vertical,
-                                 is_slide=is_slide, crop_size=crop_size, stride=stride)
+                                 is_slide=is_slide, crop_size=crop_size, stride=stride,
+                                 aug_combine=aug_combine)
     return evaluate(model, dataset, num_workers=num_workers, save_dir=save_dir,
                     precision=precision, amp_level=amp_level, logger=logger, **options)

@@ -42,20 +42,25 @@ def postprocess(output, output_op, trans_infos=None):
     """Turns the model output into one uint8 label map per image.
 
     Args:
-        output (np.ndarray): The exported model's output: int ``[N, 1, H, W]`` class ids
-            (``output_op='argmax'``) or float ``[N, C, H, W]`` ('softmax' or 'none').
+        output (np.ndarray): The exported model's output, as PaddleSeg's export gives it:
+            int ``[N, H, W]`` class ids (``output_op='argmax'``), or float ``[N, C, H, W]``
+            ('softmax' or 'none').
         output_op (str): What the exported graph ends with.
         trans_infos (list, optional): From ``preprocess``; shape changes to undo.
 
     Returns:
         list[np.ndarray]: uint8 ``[H, W]`` label maps at each input image's size.
     """
-    if output.ndim != 4:
-        raise DeployError(f'expected a 4-D model output, got shape {list(output.shape)}.')
     if output_op not in OUTPUT_OPS:
         raise DeployError(f'unknown output_op {output_op!r} in deploy.yaml; expected one of '
                           f'{OUTPUT_OPS}.')
-    labels = output[:, 0] if output_op == 'argmax' else np.argmax(output, axis=1)
+    want = 3 if output_op == 'argmax' else 4
+    if output.ndim != want:
+        layout = '[N, H, W] class ids' if want == 3 else '[N, C, H, W] scores'
+        raise DeployError(f'an export with output_op {output_op} gives {layout}, got shape '
+                          f'{list(output.shape)}: deploy.yaml does not describe this model; '
+                          'export it again with export.py.')
+    labels = output if output_op == 'argmax' else np.argmax(output, axis=1)
     labels = labels.astype('uint8')
     trans_infos = trans_infos or [[] for _ in range(len(labels))]
     return [restore_label_map(label, info) for label, info in zip(labels, trans_infos)]
