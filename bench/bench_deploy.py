@@ -45,9 +45,11 @@ def main():
     import psanet  # noqa: F401
     from psanet.core.checkpoint import load_model_weights
     from psanet.core.config import ComponentBuilder, load_config
-    from psanet.core.predict import get_image_list
+    from psanet.contract import get_image_list
     from psanet.data import generate_mini_cityscapes
-    from psanet.deploy import DeployConfig, OnnxRunner, PaddleRunner, preprocess
+    from psanet.deploy.config import DeployConfig
+    from psanet.deploy.predictor import OnnxRunner, PaddleRunner
+    from psanet.deploy.processing import preprocess
     from psanet.export import export_model
 
     paddle.set_device('cpu')

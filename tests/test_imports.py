@@ -20,12 +20,14 @@ PACKAGE = os.path.join(ROOT, 'psanet')
 # contract raises errors, cli runs commands with errors and log.
 LEAVES = {
     'psanet.errors': set(),
+    'psanet.compat': set(),
     'psanet.log': set(),
     'psanet.contract': {'psanet.errors'},
     'psanet.cli': {'psanet.errors', 'psanet.log'},
 }
 # What the deploy runtime may import besides itself.
-RUNTIME_MAY_IMPORT = {'psanet.contract', 'psanet.errors', 'psanet.log', 'psanet.ops.loader'}
+RUNTIME_MAY_IMPORT = {'psanet.compat', 'psanet.contract', 'psanet.errors', 'psanet.log',
+                      'psanet.ops.loader'}
 # What importing the runtime must not load: the engine, the data tools, export.
 ENGINE_PREFIXES = ('psanet.core', 'psanet.data', 'psanet.export')
 

@@ -6,13 +6,10 @@ Two things make a predictor for this model differ from PaddleSeg's:
   whose library must be registered in the process before the predictor is
   created; ``create_predictor`` does so (and never for a pure-Paddle graph).
 * On the CPU, Paddle Inference turns oneDNN on unless told otherwise, so
-  ``enable_mkldnn=False`` calls ``disable_mkldnn()`` explicitly. With oneDNN on,
-  Paddle 3.3 cannot run ``bilinear_interp`` as a oneDNN kernel from a saved
-  model (its ``scale`` attribute is read back as double and the oneDNN
-  executor refuses it: "ConvertPirAttribute2RuntimeAttribute not support
-  ArrayAttribute<DoubleAttribute>", Paddle issue 79749), so the oneDNN op
-  placement pass is removed: the fused convolution passes still run in oneDNN,
-  which is where the time goes, and every other op takes its plain kernel.
+  ``enable_mkldnn=False`` calls ``disable_mkldnn()`` explicitly. The Paddle
+  version's predictor bugs (memory reuse, oneDNN's op placement pass with a
+  saved ``bilinear_interp``) are worked around by
+  ``psanet.compat.configure_inference``, where each names its Paddle issue.
   Paddle inserts no layout reorder in front of a custom op, so ``psa_mask``
   may receive a oneDNN-layout tensor; the op reorders it to NCHW itself.
 """
@@ -20,6 +17,7 @@ import os
 
 import numpy as np
 
+from psanet import compat
 from psanet.contract import INPUT_NAME
 from psanet.errors import DeployError
 from psanet.log import get_logger
@@ -28,8 +26,6 @@ from .config import DeployConfig, check_params_file
 
 __all__ = ['create_predictor', 'PaddleRunner', 'OnnxRunner', 'load_custom_op']
 
-# Why the oneDNN placement pass goes; see the module docstring.
-_ONEDNN_BROKEN_PASS = 'onednn_placement_pass'
 PRECISIONS = ('fp32', 'fp16', 'int8')
 
 
@@ -76,12 +72,11 @@ def create_predictor(deploy, device='cpu', enable_mkldnn=False, cpu_threads=1,
     config = inference.Config(deploy.model, deploy.params)
     if not print_detail:
         config.disable_glog_info()
-    # No enable_memory_optim(): with PIR programs in Paddle 3.3 it fails predictor
-    # creation ("Not find predictor_id 0 and pass_name memory_optimize_pass").
     if device == 'cpu':
         _configure_cpu(config, enable_mkldnn, cpu_threads, use_trt, precision)
     else:
         _configure_gpu(config, deploy, use_trt, precision)
+    compat.configure_inference(config)
     try:
         return inference.create_predictor(config)
     except Exception as error:
@@ -104,10 +99,10 @@ def _configure_cpu(config, enable_mkldnn, cpu_threads, use_trt, precision):
         config.enable_mkldnn()
         # A few input sizes each get their own oneDNN primitives; bound the cache.
         config.set_mkldnn_cache_capacity(10)
-        config.delete_pass(_ONEDNN_BROKEN_PASS)
-        get_logger().info('oneDNN on for the fused convolutions; its op placement pass is off '
-                          '(Paddle 3.3 cannot run a saved bilinear_interp in oneDNN, Paddle issue '
-                          '79749).')
+        if compat.ONEDNN_PLACEMENT.needed():
+            get_logger().info('oneDNN on for the fused convolutions; its op placement pass is '
+                              'off (this Paddle cannot run a saved bilinear_interp in oneDNN, '
+                              f'{compat.ONEDNN_PLACEMENT.issue}).')
     else:
         config.disable_mkldnn()
 
