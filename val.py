@@ -10,8 +10,8 @@ import argparse
 import sys
 import warnings
 
-# Paddle's harmless notices would sit between the user and a one-line error.
-warnings.filterwarnings('ignore', message='No ccache found')
+# A harmless notice of Paddle's would sit between the user and a one-line error
+# (psanet.compat filters Paddle's ccache notice).
 warnings.filterwarnings('ignore', message='When training, we now always track')
 
 from psanet.cli import add_inference_flags, run_cli  # noqa: E402

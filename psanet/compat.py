@@ -8,8 +8,8 @@ that need it; the check that turns it off; where it lives.
    tools. Ignored: the op build does without ccache.
    Paddle #75836. Paddle 3.0 to 3.3.1 at least. No check: a filter for a
    warning that is not printed does nothing. Here (``CCACHE_WARNING``,
-   filtered before this module imports paddle); train.py, val.py, predict.py
-   and tools/*.py repeat the filter before their own ``import paddle``.
+   filtered before this module imports paddle; ``import psanet`` imports
+   this module first, so every command line and tool is covered).
 2. ``enable_memory_optim()`` fails predictor creation for PIR programs ("Not
    find predictor_id 0 and pass_name memory_optimize_pass"). Left off.
    Paddle #75496, open. Paddle >= 3.0. ``MEMORY_OPTIM.needed()``; where not

@@ -9,6 +9,7 @@ fixture here or in their module. To check, run a file's tests in reverse order:
 ``PSANET_TEST_REVERSE=1 python -m pytest -p no:cacheprovider tests/test_x.py``.
 """
 import glob
+import importlib.util
 import math
 import os
 import subprocess
@@ -22,6 +23,24 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 MINI_CONFIG, = glob.glob(os.path.join(ROOT, 'configs', 'psanet', '*mini*.yml'))
+
+
+INFER_SCRIPT = os.path.join(ROOT, 'deploy', 'python', 'infer.py')
+
+
+def infer_in_process(capfd, *args):
+    """deploy/python/infer.py's flag parsing and main call in this process (no start-up
+    cost): (exit code, stdout, stderr); argparse's exit is returned as the code."""
+    spec = importlib.util.spec_from_file_location('infer_script', INFER_SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    capfd.readouterr()
+    try:
+        code = script.run_cli(script.infer, **vars(script.parse_args([str(a) for a in args])))
+    except SystemExit as error:
+        code = error.code
+    out, err = capfd.readouterr()
+    return code, out, err
 
 
 def pytest_collection_modifyitems(config, items):
@@ -147,6 +166,37 @@ def assert_logits_agree(actual, expected, rtol, what='output', scale=None, class
 # ---------------------------------------------------------------------------
 # Shared data
 # ---------------------------------------------------------------------------
+
+def generate_dataset(tmp_path_factory, num_train, seed, size=(64, 32), num_val=2):
+    """A small mini Cityscapes for one module's fixture to share (read-only)."""
+    from psanet.data import generate_mini_cityscapes
+    root = str(tmp_path_factory.mktemp('pristine') / 'mini')
+    generate_mini_cityscapes(root, num_train, num_val, size, seed=seed)
+    return root
+
+
+def train_labels(root):
+    return sorted(glob.glob(os.path.join(root, 'gtFine/train/*/*_gtFine_labelTrainIds.png')))
+
+
+def train_images(root):
+    return sorted(glob.glob(os.path.join(root, 'leftImg8bit/train/*/*_leftImg8bit.png')))
+
+
+def cityscapes(root, mode='train'):
+    """paddleseg's Cityscapes over ``root``, with Normalize only."""
+    from paddleseg.datasets import Cityscapes
+    from paddleseg.transforms import Normalize
+    return Cityscapes(transforms=[Normalize()], dataset_root=root, mode=mode)
+
+
+def copy_dataset(root, tmp_path):
+    """A copy of ``root`` under ``tmp_path`` that a test may change."""
+    import shutil
+    copy = str(tmp_path / 'mini')
+    shutil.copytree(root, copy)
+    return copy
+
 
 @pytest.fixture(scope='session')
 def mini_cityscapes(tmp_path_factory):

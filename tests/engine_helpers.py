@@ -31,6 +31,35 @@ def build_config_model(path=MINI_CONFIG, seed=None):
 
 
 # BGR colours of the toy classes (and of class ids beyond, for bad-label tests).
+def mini_psanet_for_eval(seed):
+    """The mini config's PSANet with seeded weights, in eval mode."""
+    _, model = build_config_model(seed=seed)
+    model.eval()
+    return model
+
+
+def dygraph_logits(model, path):
+    """The model's [C, H, W] logits of an image file, with the val Normalize written out
+    in numpy."""
+    rgb = cv2.imread(str(path))[:, :, ::-1].astype('float32')
+    x = ((rgb / 255.0 - 0.5) / 0.5).transpose(2, 0, 1)[None]
+    with paddle.no_grad():
+        return model(paddle.to_tensor(np.ascontiguousarray(x)))[0].numpy()[0]
+
+
+def assert_saved_masks_agree(out, image_paths, model, rtol):
+    """Each image's pseudo_color_prediction PNG under ``out`` holds the classes of the
+    model's dygraph logits (near-ties may flip: another backend or batch adds sums in
+    another order)."""
+    from PIL import Image
+    from conftest import assert_logits_agree
+    for path in image_paths:
+        name = os.path.splitext(os.path.basename(path))[0] + '.png'
+        with Image.open(os.path.join(str(out), 'pseudo_color_prediction', name)) as mask:
+            assert_logits_agree(np.asarray(mask), dygraph_logits(model, path), rtol, path,
+                                class_axis=0)
+
+
 TOY_COLORS = np.array([[40, 40, 200], [40, 200, 40], [200, 40, 40], [200, 200, 40]], np.uint8)
 
 

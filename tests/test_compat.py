@@ -1,10 +1,15 @@
 """psanet.compat: each fixed paddleseg component against an independent numpy computation."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import paddle
 import pytest
 from paddleseg.models.losses import CrossEntropyLoss
 from paddleseg.utils import metrics
 
+from predictor_helpers import cpu_config, predict
 from psanet import compat
 
 IGNORE = 255
@@ -141,34 +146,14 @@ def conv_interp(tmp_path_factory):
     return path, x, expected
 
 
-def _cpu_config(path, onednn):
-    config = paddle.inference.Config(path + '.json', path + '.pdiparams')
-    config.disable_gpu()
-    config.disable_glog_info()
-    if onednn:
-        config.enable_mkldnn()
-    else:
-        config.disable_mkldnn()
-    return config
-
-
-def _predict(config, x):
-    predictor = paddle.inference.create_predictor(config)
-    handle = predictor.get_input_handle(predictor.get_input_names()[0])
-    handle.reshape(list(x.shape))
-    handle.copy_from_cpu(x)
-    predictor.run()
-    return predictor.get_output_handle(predictor.get_output_names()[0]).copy_to_cpu()
-
-
 @pytest.mark.parametrize('onednn', [False, True])
 def test_configure_inference_makes_the_predictor_run(conv_interp, onednn):
     path, x, expected = conv_interp
-    config = _cpu_config(path, onednn)
+    config = cpu_config(path, onednn)
     assert compat.configure_inference(config) is config
     # A 3x3 convolution over 3 channels, then a 4-tap interpolation: sums of 27 and 4
     # terms that oneDNN may add in another order, a few eps32 of the largest output.
-    np.testing.assert_allclose(_predict(config, x), expected, rtol=0,
+    np.testing.assert_allclose(predict(config, x), expected, rtol=0,
                                atol=1e-5 * np.abs(expected).max())
 
 
@@ -177,22 +162,21 @@ def test_onednn_placement_workaround_is_still_needed_on_this_paddle(conv_interp)
     """If Paddle fixes issue 79749, this fails: set ONEDNN_PLACEMENT.fixed in psanet.compat."""
     path, x, _ = conv_interp
     with pytest.raises(Exception, match='ConvertPirAttribute2RuntimeAttribute'):
-        _predict(_cpu_config(path, onednn=True), x)
+        predict(cpu_config(path, onednn=True), x)
 
 
 @pytest.mark.skipif(not compat.MEMORY_OPTIM.needed(), reason='not needed on this Paddle')
 def test_memory_optim_workaround_is_still_needed_on_this_paddle(conv_interp):
     """If Paddle fixes issue 75496, this fails: set MEMORY_OPTIM.fixed in psanet.compat."""
     path, x, _ = conv_interp
-    config = _cpu_config(path, onednn=False)
+    config = cpu_config(path, onednn=False)
     config.enable_memory_optim()
     with pytest.raises(Exception, match='memory_optimize_pass'):
-        _predict(config, x)
+        predict(config, x)
 
 
 def test_paddle_core_library_is_the_core_module_file():
     """The private name and its fallback agree, so the fallback links the same library."""
-    import os
 
     from psanet.ops.build import paddle_core_library
     assert paddle_core_library() == os.path.basename(paddle.base.libpaddle.__file__)
@@ -201,8 +185,6 @@ def test_paddle_core_library_is_the_core_module_file():
 def test_importing_compat_imports_no_paddleseg():
     """The runtime may import psanet.compat without the training stack (run alone, as
     psanet/__init__.py imports the models)."""
-    import subprocess
-    import sys
     code = ('import importlib.util, sys; '
             f'spec = importlib.util.spec_from_file_location("compat", {compat.__file__!r}); '
             'module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module); '

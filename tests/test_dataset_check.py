@@ -7,20 +7,16 @@ check reads only the files that changed, counted by the reads it makes.
 import glob
 import json
 import os
-import shutil
 import time
 
 import cv2
 import numpy as np
 import pytest
-from paddleseg.datasets import Cityscapes
-from paddleseg.transforms import Normalize
 
-from conftest import ROOT  # noqa: F401  (puts the repository on sys.path)
+from conftest import cityscapes, copy_dataset, generate_dataset, train_images, train_labels
 import engine_helpers as helpers
 import psanet.data.validate as validate
 from psanet.core.config import ComponentBuilder, load_config
-from psanet.data.mini_cityscapes import generate
 from psanet.errors import DatasetError
 
 SIZE = (64, 32)
@@ -30,15 +26,12 @@ AN_HOUR_AGO = time.time() - 3600
 
 @pytest.fixture(scope='module')
 def pristine(tmp_path_factory):
-    root = str(tmp_path_factory.mktemp('pristine') / 'mini')
-    generate(root, NUM_TRAIN, 2, SIZE, seed=1)
-    return root
+    return generate_dataset(tmp_path_factory, NUM_TRAIN, seed=1, size=SIZE)
 
 
 @pytest.fixture
 def root(pristine, tmp_path):
-    copy = str(tmp_path / 'mini')
-    shutil.copytree(pristine, copy)
+    copy = copy_dataset(pristine, tmp_path)
     _age(copy)
     return copy
 
@@ -47,18 +40,6 @@ def _age(root):
     """Every file an hour old: a check remembers only files not modified just now."""
     for path in glob.glob(os.path.join(root, '**', '*.png'), recursive=True):
         os.utime(path, (AN_HOUR_AGO, AN_HOUR_AGO))
-
-
-def train_labels(root):
-    return sorted(glob.glob(os.path.join(root, 'gtFine/train/*/*_gtFine_labelTrainIds.png')))
-
-
-def train_images(root):
-    return sorted(glob.glob(os.path.join(root, 'leftImg8bit/train/*/*_leftImg8bit.png')))
-
-
-def cityscapes(root, mode='train'):
-    return Cityscapes(transforms=[Normalize()], dataset_root=root, mode=mode)
 
 
 _edits = []

@@ -1,7 +1,6 @@
 """Deployment: deploy/python/infer.py end to end against the dygraph model, its failures
 (missing model, missing op library, bad flags), the pure-Paddle export with no op
 library in the process, undoing resize transforms, and the timing table."""
-import importlib.util
 import os
 import subprocess
 import sys
@@ -21,12 +20,13 @@ from psanet.deploy.predictor import PaddleRunner
 from psanet.deploy.processing import postprocess, preprocess
 from psanet.deploy.timing import StageTimer
 from psanet.errors import DeployError
+from conftest import INFER_SCRIPT as INFER
 from conftest import MINI_PSANET_RTOL, ROOT, assert_logits_agree
+from conftest import infer_in_process as conftest_infer_in_process
 from engine_helpers import build_config_model
 from psanet.export import export_model
 
 CITYSCAPES_COLORS = np.array([trainId2label[i].color for i in range(19)])
-INFER = os.path.join(ROOT, 'deploy', 'python', 'infer.py')
 IMAGE_SIZE = (96, 64)  # width, height
 
 
@@ -61,17 +61,8 @@ def run_infer(*args, env=None):
 
 
 def infer_in_process(capfd, *args):
-    """deploy/python/infer.py's flag parsing and main call in this process (no start-up
-    cost): (exit code, output)."""
-    spec = importlib.util.spec_from_file_location('infer_script', INFER)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    capfd.readouterr()
-    try:
-        code = script.run_cli(script.infer, **vars(script.parse_args([str(a) for a in args])))
-    except SystemExit as error:  # argparse
-        code = error.code
-    out, err = capfd.readouterr()
+    """(exit code, stdout + stderr) of deploy/python/infer.py run in this process."""
+    code, out, err = conftest_infer_in_process(capfd, *args)
     return code, out + err
 
 

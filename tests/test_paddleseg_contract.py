@@ -8,7 +8,6 @@
   ``paddleseg.core.infer.aug_inference`` gives for the same flags, on the
   same model and image.
 """
-import importlib.util
 import json
 import os
 import subprocess
@@ -22,7 +21,7 @@ from PIL import Image
 
 import engine_helpers as helpers
 from conftest import (MINI_CONFIG, MINI_PSANET_RTOL, ROOT, TINY_SEGNET_RTOL,
-                      assert_logits_agree)
+                      assert_logits_agree, infer_in_process)
 from psanet.core import inference
 
 INFER = os.path.join(ROOT, 'deploy', 'python', 'infer.py')
@@ -93,13 +92,8 @@ def run_paddleseg_infer(deploy_yaml, save_dir, enable_mkldnn, batch_size, images
 
 
 def run_our_infer(capfd, *args):
-    """deploy/python/infer.py's flag parsing and main call in this process."""
-    spec = importlib.util.spec_from_file_location('infer_script', INFER)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    capfd.readouterr()
-    code = script.run_cli(script.infer, **vars(script.parse_args([str(a) for a in args])))
-    out, err = capfd.readouterr()
+    """deploy/python/infer.py in this process; it must succeed."""
+    code, out, err = infer_in_process(capfd, *args)
     assert code == 0, out + err
 
 

@@ -12,9 +12,9 @@ import textwrap
 import numpy as np
 import paddle
 import pytest
-from paddle import inference
 
-from conftest import assert_logits_agree, reordered_sum_rtol
+from conftest import ROOT, assert_logits_agree, reordered_sum_rtol
+from predictor_helpers import cpu_config, predict
 from psanet.ops import load_library, psa_impl, psa_mask
 
 CHANNELS = 4
@@ -67,20 +67,7 @@ def run_predictor(path, x, onednn, placement=True):
     """Output of a CPU predictor; placement=False drops oneDNN's op placement pass
     (psanet.deploy does, for Paddle's bilinear_interp bug), leaving the fused
     convolutions in oneDNN."""
-    config = inference.Config(path + '.json', path + '.pdiparams')
-    config.disable_gpu()
-    if onednn:
-        config.enable_mkldnn()
-        if not placement:
-            config.delete_pass('onednn_placement_pass')
-    else:
-        config.disable_mkldnn()
-    predictor = inference.create_predictor(config)
-    handle = predictor.get_input_handle(predictor.get_input_names()[0])
-    handle.reshape(list(x.shape))
-    handle.copy_from_cpu(x)
-    predictor.run()
-    return predictor.get_output_handle(predictor.get_output_names()[0]).copy_to_cpu()
+    return predict(cpu_config(path, onednn, placement=placement), x)
 
 
 @pytest.fixture(scope='module')
@@ -150,17 +137,11 @@ def test_pure_paddle_export_needs_no_op_library(exported):
     script = textwrap.dedent(f'''
         import json, sys
         import numpy as np
-        from paddle import inference
+        sys.path.insert(0, r'{os.path.join(ROOT, 'tests')}')
+        from predictor_helpers import cpu_config, predict
 
         def run(path, x):
-            config = inference.Config(path + '.json', path + '.pdiparams')
-            config.disable_gpu()
-            predictor = inference.create_predictor(config)
-            handle = predictor.get_input_handle(predictor.get_input_names()[0])
-            handle.reshape(list(x.shape))
-            handle.copy_from_cpu(x)
-            predictor.run()
-            return predictor.get_output_handle(predictor.get_output_names()[0]).copy_to_cpu()
+            return predict(cpu_config(path, onednn=False), x)
 
         for k in range({len(INPUT_SHAPES)}):
             np.save(r'{folder}/pure{{}}.npy'.format(k), run(r'{exported['paddle']}',

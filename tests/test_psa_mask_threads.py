@@ -11,9 +11,9 @@ import sys
 import numpy as np
 import paddle
 import pytest
-from paddle import inference
 
 from conftest import ROOT
+from predictor_helpers import cpu_config, create, run_once
 from psanet.ops import psa_mask, psa_mask_cpu_threads, psa_mask_last_cpu_threads
 
 # Work for 3 threads forward and backward (one per 65536 elements written at
@@ -120,19 +120,7 @@ def test_predictor_runs_the_op_on_its_cpu_math_library_threads(set_paddle_thread
     expected = psa_mask(paddle.to_tensor(x), 'collect', MASK, impl='custom').numpy()
     set_paddle_threads(1)  # the predictor's count, not the caller's, decides
     for threads in (2, 3):
-        config = inference.Config(exported + '.json', exported + '.pdiparams')
-        config.disable_gpu()
-        config.disable_glog_info()
-        if onednn:
-            config.enable_mkldnn()
-        else:
-            config.disable_mkldnn()
-        config.set_cpu_math_library_num_threads(threads)
-        predictor = inference.create_predictor(config)
-        handle = predictor.get_input_handle(predictor.get_input_names()[0])
-        handle.reshape(list(x.shape))
-        handle.copy_from_cpu(x)
-        predictor.run()
+        predictor = create(cpu_config(exported, onednn, threads=threads))
+        output = run_once(predictor, x)
         assert psa_mask_last_cpu_threads() == threads
-        output = predictor.get_output_handle(predictor.get_output_names()[0]).copy_to_cpu()
         np.testing.assert_array_equal(output, expected)

@@ -6,10 +6,10 @@ import shutil
 import cv2
 import numpy as np
 import pytest
-from paddleseg.datasets import Cityscapes, Dataset
+from paddleseg.datasets import Dataset
 from paddleseg.transforms import Normalize
 
-from psanet.data.mini_cityscapes import generate
+from conftest import cityscapes, copy_dataset, generate_dataset, train_images, train_labels
 from psanet.data.validate import (DatasetError, check_dataset_config, check_dataset_root,
                                   validate_dataset)
 
@@ -19,28 +19,12 @@ NUM_TRAIN = 5
 
 @pytest.fixture(scope='module')
 def pristine(tmp_path_factory):
-    root = str(tmp_path_factory.mktemp('pristine') / 'mini')
-    generate(root, NUM_TRAIN, 2, SIZE, seed=0)
-    return root
+    return generate_dataset(tmp_path_factory, NUM_TRAIN, seed=0, size=SIZE)
 
 
 @pytest.fixture
 def root(pristine, tmp_path):
-    copy = str(tmp_path / 'mini')
-    shutil.copytree(pristine, copy)
-    return copy
-
-
-def train_labels(root):
-    return sorted(glob.glob(os.path.join(root, 'gtFine/train/*/*_gtFine_labelTrainIds.png')))
-
-
-def train_images(root):
-    return sorted(glob.glob(os.path.join(root, 'leftImg8bit/train/*/*_leftImg8bit.png')))
-
-
-def cityscapes(root, mode='train'):
-    return Cityscapes(transforms=[Normalize()], dataset_root=root, mode=mode)
+    return copy_dataset(pristine, tmp_path)
 
 
 def list_dataset(root, pairs, mode='train'):

@@ -14,12 +14,9 @@ the reproduction's file as it is, converting it in memory.
 import argparse
 import os
 import sys
-import warnings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-# Importing psanet imports Paddle, whose notice would sit between the user and a one-line error.
-warnings.filterwarnings('ignore', message='No ccache found')
 
 from psanet.cli import run_cli  # noqa: E402
 from psanet.core.checkpoint import convert_reproduction_file  # noqa: E402

@@ -5,11 +5,8 @@
 import argparse
 import os
 import sys
-import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# Importing psanet imports Paddle, whose notice would sit between the user and a one-line error.
-warnings.filterwarnings('ignore', message='No ccache found')
 
 from psanet.data.mini_cityscapes import format_summary, generate  # noqa: E402
 

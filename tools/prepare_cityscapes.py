@@ -8,11 +8,8 @@ gtFine_trainvaltest.zip (https://www.cityscapes-dataset.com).
 import argparse
 import os
 import sys
-import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# Importing psanet imports Paddle, whose notice would sit between the user and a one-line error.
-warnings.filterwarnings('ignore', message='No ccache found')
 
 from psanet.data.prepare_cityscapes import format_summary, prepare_cityscapes  # noqa: E402
 from psanet.errors import DatasetError  # noqa: E402
