@@ -98,6 +98,17 @@ def test_estimate_follows_stride_shrink_and_branches():
     assert infer.attention_memory(model, 100, 131)['map_bytes'] == seen[0][1]
 
 
+def test_estimate_under_fp16_autocast_counts_the_float32_softmax(mini, monkeypatch):
+    # CPU Paddle has no fp16 autocast: pretend it is on, as on a GPU. softmax is on Paddle's
+    # fp16 black list, so the half map, its float32 copy and the float32 softmax coexist.
+    monkeypatch.setattr(infer.paddle.amp, 'is_autocast_enabled', lambda: True)
+    monkeypatch.setattr(infer.paddle.amp, 'get_autocast_dtype', lambda: 'float16')
+    estimate = infer.attention_memory(mini[0], 67, 90)
+    elements = math.prod(expected_attention(67, 90, 8, MINI_MODEL['shrink_factor']))
+    assert estimate['dtype'] == 'float16' and estimate['map_bytes'] == 2 * elements
+    assert estimate['peak_bytes'] == (2 + 4 + 4) * elements
+
+
 def test_available_memory_is_the_hosts():
     with open('/proc/meminfo') as f:
         total = int(next(line for line in f if line.startswith('MemTotal:')).split()[1]) * 1024

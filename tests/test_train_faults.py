@@ -141,6 +141,52 @@ def test_resume_continues_only_from_the_latest_checkpoint_of_its_folder(tmp_path
         assert all(v == before[k] for k, v in _snapshot(save_dir).items() if k.startswith(name))
 
 
+def _checkpoint_files(save_dir):
+    """The snapshot without train.log, which every run appends to."""
+    return {k: v for k, v in _snapshot(save_dir).items() if k != 'train.log'}
+
+
+def test_overwrite_deletes_nothing_when_the_resume_cannot_go_on(tmp_path, capsys, toy_config):
+    save_dir = str(tmp_path / 'out')
+    _first_run(capsys, toy_config, save_dir)
+    older = os.path.join(save_dir, 'iter_4')
+    # iters no larger than the checkpoint's iteration: refused after loading it.
+    before = _checkpoint_files(save_dir)
+    code, error, out = _cli(capsys, config=toy_config, save_dir=save_dir, iters=4,
+                            save_interval=2, resume_model=older, overwrite=True)
+    assert code == 2 and 'raise --iters' in error
+    assert '--overwrite: deleting' not in out
+    assert _checkpoint_files(save_dir) == before
+    # A checkpoint that does not load (its optimizer file lost): nothing deleted either.
+    os.remove(os.path.join(older, ckpt.OPTIMIZER_FILE))
+    before = _checkpoint_files(save_dir)
+    code, error, out = _cli(capsys, config=toy_config, save_dir=save_dir, iters=6,
+                            save_interval=2, resume_model=older, overwrite=True)
+    assert code == 2 and older in error
+    assert _checkpoint_files(save_dir) == before
+
+
+def test_a_best_model_deleted_by_overwrite_is_not_counted_as_best(tmp_path, capsys,
+                                                                toy_config):
+    save_dir = str(tmp_path / 'out')
+    code, error, _ = _cli(capsys, config=toy_config, save_dir=save_dir, iters=6,
+                          save_interval=2, keep_checkpoint_max=0, seed=0, do_eval=True)
+    assert code == 0 and error is None
+    with open(os.path.join(save_dir, 'best_model', ckpt.STATE_FILE)) as f:
+        best_iteration = json.load(f)['iteration']
+    if best_iteration <= 2:  # make best_model later than the checkpoint resumed from
+        with open(os.path.join(save_dir, 'best_model', ckpt.STATE_FILE), 'w') as f:
+            json.dump({'iteration': 6, 'miou': 1.0}, f)
+    code, error, out = _cli(capsys, config=toy_config, save_dir=save_dir, iters=4,
+                            save_interval=2, keep_checkpoint_max=0, do_eval=True,
+                            resume_model=os.path.join(save_dir, 'iter_2'), overwrite=True)
+    assert code == 0 and error is None
+    # The resumed best (iter_2's record) had its best_model/ deleted: this run keeps its own.
+    assert 'is not kept; this run saves its own best model' in out
+    with open(os.path.join(save_dir, 'best_model', ckpt.STATE_FILE)) as f:
+        assert json.load(f)['iteration'] == 4
+
+
 HOLDER = r'''
 import sys
 sys.path[:0] = [{tests!r}, {repo!r}]

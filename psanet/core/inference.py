@@ -425,7 +425,8 @@ def attention_memory(model, height, width, batch=1, channels=3, dtype='float32')
 
     Returns:
         dict | None: ``shape`` (of the largest map), ``dtype``, ``map_bytes``
-        (that map), ``peak_bytes`` (the map and its softmax, alive together), and
+        (that map), ``peak_bytes`` (the map and its softmax, alive together; under
+        fp16 autocast also the float32 copy softmax takes), and
         ``branches``; None for a model without PSA branches or whose backbone
         output size cannot be told.
     """
@@ -437,8 +438,15 @@ def attention_memory(model, height, width, batch=1, channels=3, dtype='float32')
         map_dtype = _attention_dtype(branch)
         if isinstance(map_dtype, str):
             map_dtype = getattr(paddle, map_dtype)
-        map_bytes = math.prod(shape) * _ELEMENT_BYTES.get(map_dtype, 4)
-        peak = map_bytes * (2 if branch.psa_softmax else 1)
+        elements = math.prod(shape)
+        map_bytes = elements * _ELEMENT_BYTES.get(map_dtype, 4)
+        peak = map_bytes
+        if branch.psa_softmax:
+            # softmax is on Paddle's fp16 black list: under autocast a half map is cast
+            # to a float32 copy and softmaxed into another float32 tensor, all alive at once.
+            softmax_bytes = elements * max(_ELEMENT_BYTES.get(map_dtype, 4), 4)
+            copy_bytes = softmax_bytes if softmax_bytes > map_bytes else 0
+            peak = map_bytes + copy_bytes + softmax_bytes
         if best is None or peak > best['peak_bytes']:
             best = {'shape': shape, 'dtype': str(map_dtype).replace('paddle.', ''),
                     'map_bytes': map_bytes, 'peak_bytes': peak}

@@ -6,7 +6,9 @@
   ``best_model``), which a new run would partly overwrite, partly keep, and
   prune by iteration number across both runs. Resuming from the latest
   checkpoint of the folder continues its run; ``overwrite`` deletes the
-  checkpoints in the way, after saying so;
+  checkpoints in the way, after saying so, but only once the run has loaded
+  what it resumes from (:func:`clear_overwritten`): a checkpoint that does not
+  load, or a config that does not fit it, deletes nothing;
 * it locks the folder (``flock`` on ``.train.lock``, which names the holder)
   while the run writes, so that a second run started at once stops, naming the
   first one's pid;
@@ -30,12 +32,14 @@ from psanet.core import dist
 from psanet.errors import ConfigError, Interrupted
 from psanet.log import get_logger
 
-__all__ = ['LOCK_FILE', 'BEST_MODEL', 'own_save_dir']
+__all__ = ['LOCK_FILE', 'BEST_MODEL', 'own_save_dir', 'clear_overwritten']
 
 LOCK_FILE = '.train.lock'
 BEST_MODEL = 'best_model'
 # The save_dirs this process owns: train_from_config takes the folder, then train() runs in it.
 _OWNED = set()
+# What --overwrite is to delete in each owned save_dir (rank 0), once the run has started.
+_PENDING = {}
 
 
 @contextlib.contextmanager
@@ -60,12 +64,12 @@ def own_save_dir(save_dir, resume_model=None, overwrite=False, logger=None):
     if key in _OWNED:
         yield
         return
-    lock, error = None, None
+    lock, error, in_the_way = None, None, []
     if dist.is_main_process():
         try:
             lock = _SaveDirLock(save_dir, logger)
             ckpt.remove_stale_temporaries(save_dir)
-            _refuse_or_clear(save_dir, resume_model, overwrite, logger)
+            in_the_way = _refuse_or_clear(save_dir, resume_model, overwrite)
         except Exception as caught:  # the other ranks must hear of it before anyone raises
             error = caught
     if dist.all_reduce_sum([error is not None])[0] > 0:
@@ -76,6 +80,8 @@ def own_save_dir(save_dir, resume_model=None, overwrite=False, logger=None):
         raise ConfigError(f'rank 0 refused --save_dir {save_dir}: its error says why '
                           '(workerlog.0 with paddle.distributed.launch).')
     _OWNED.add(key)
+    if lock is not None and in_the_way:
+        _PENDING[key] = (in_the_way, logger)
     try:
         yield
     except KeyboardInterrupt as stop:
@@ -83,6 +89,7 @@ def own_save_dir(save_dir, resume_model=None, overwrite=False, logger=None):
                           getattr(stop, 'signum', signal.SIGINT)) from None
     finally:
         _OWNED.discard(key)
+        _PENDING.pop(key, None)
         if lock is not None:
             ckpt.remove_stale_temporaries(save_dir)
             lock.release()
@@ -95,15 +102,28 @@ def _names(paths):
     return f'{", ".join(names[:2])}, ..., {", ".join(names[-2:])} ({len(names)} folders)'
 
 
-def _refuse_or_clear(save_dir, resume_model, overwrite, logger):
-    """Refuses (or with ``overwrite`` deletes) checkpoints a new run would mix with its own."""
+def clear_overwritten(save_dir):
+    """Deletes what ``--overwrite`` was to delete in ``save_dir``; call it once the run has
+    loaded the checkpoint it resumes from. Does nothing on the other ranks or without
+    ``--overwrite``."""
+    in_the_way, logger = _PENDING.pop(os.path.realpath(save_dir), (None, None))
+    if not in_the_way:
+        return
+    (logger or get_logger()).warning(f'--overwrite: deleting {_names(in_the_way)} of the '
+                                     f'previous run in {save_dir}.')
+    ckpt.delete_checkpoints(in_the_way)
+
+
+def _refuse_or_clear(save_dir, resume_model, overwrite):
+    """Refuses the checkpoints a new run would mix with its own, or with ``overwrite``
+    returns them for :func:`clear_overwritten`."""
     if resume_model is not None and not os.path.isdir(resume_model):
-        return  # load_checkpoint says what is wrong with it
+        return []  # load_checkpoint says what is wrong with it
     checkpoints = ckpt.list_checkpoints(save_dir)
     best = os.path.join(save_dir, BEST_MODEL)
     best = best if os.path.isdir(best) else None
     if not checkpoints and best is None:
-        return
+        return []
     parent = os.path.dirname(os.path.abspath(os.path.normpath(resume_model or '.')))
     if resume_model is not None and os.path.realpath(parent) == os.path.realpath(save_dir):
         start = ckpt.checkpoint_iteration(resume_model)
@@ -113,7 +133,7 @@ def _refuse_or_clear(save_dir, resume_model, overwrite, logger):
         if start is not None and best_iteration is not None and best_iteration > start:
             in_the_way.append(best)
         if not in_the_way:
-            return
+            return []
         if not overwrite:
             raise ConfigError(
                 f'--resume_model {resume_model} is not the latest checkpoint in --save_dir '
@@ -132,9 +152,7 @@ def _refuse_or_clear(save_dir, resume_model, overwrite, logger):
                 f'({_names(in_the_way)}){elsewhere}: a new run there would overwrite some of '
                 f'them and mix with the others. Pick a new --save_dir{latest}, or pass '
                 '--overwrite to delete them and start over.')
-    (logger or get_logger()).warning(f'--overwrite: deleting {_names(in_the_way)} of the '
-                                     f'previous run in {save_dir}.')
-    ckpt.delete_checkpoints(in_the_way)
+    return in_the_way
 
 
 def _stopped_message(stop, save_dir, resume_model):
@@ -159,7 +177,11 @@ class _SaveDirLock:
         self.path = os.path.join(save_dir, LOCK_FILE)
         self.fd = None
         while self.fd is None:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except PermissionError as error:
+                raise ConfigError(f'--save_dir {save_dir} is not writable ({error}): pick a '
+                                  'folder you can write to.') from error
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

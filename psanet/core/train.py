@@ -327,6 +327,9 @@ def _train(model, train_dataset, optimizer, losses, iters, batch_size, val_datas
     scheduler = _lr_scheduler(optimizer)
     test_config = merge_test_config(test_config or {})
     state, saved = _resume(resume_model, model, optimizer, scheduler, iters, seed, logger)
+    # Only now that the checkpoint has loaded and fits: what --overwrite deletes.
+    run_dir.clear_overwritten(save_dir)
+    _forget_best_elsewhere(state, save_dir, logger)
     if state.seed is None:
         state.seed = _draw_seed(main)
     logger.info(f'Seed: {state.seed}')
@@ -401,6 +404,17 @@ def _check_positive(**values):
     for name, value in values.items():
         if not isinstance(value, int) or value <= 0:
             raise ConfigError(f'--{name} must be a positive integer, got {value!r}.')
+
+
+def _forget_best_elsewhere(state, save_dir, logger):
+    """A resumed best mIoU whose best_model/ is not in this save_dir (resumed into a new
+    folder, or deleted by --overwrite) starts over, so that this run keeps a best_model/."""
+    if state.best_iter < 0 or os.path.isdir(os.path.join(save_dir, run_dir.BEST_MODEL)):
+        return
+    logger.info(f'No {run_dir.BEST_MODEL}/ in {save_dir}: the best mIoU of the resumed run '
+                f'({state.best_miou:.4f} at iter {state.best_iter}) is not kept; this run saves '
+                'its own best model.')
+    state.best_miou, state.best_iter = -1.0, -1
 
 
 def _resume(resume_model, model, optimizer, scheduler, iters, seed, logger):
