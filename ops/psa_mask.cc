@@ -371,6 +371,16 @@ std::vector<paddle::Tensor> psa_mask_cuda_backward(const paddle::Tensor& grad_y,
 
 namespace {
 
+#ifndef PSA_MASK_WITH_CUDA
+// A GPU tensor given to a library built without its CUDA kernels: on a CPU Paddle,
+// or on paddlepaddle-gpu where no nvcc was found when the op was built.
+constexpr const char* kNoCudaKernels =
+    "psa_mask: the op library was built without CUDA kernels (no nvcc, or a CPU Paddle, "
+    "when it was built); install the CUDA toolkit's nvcc of paddle.version.cuda()'s version "
+    "(or set NVCC / CUDA_HOME) and rebuild (pip install --no-build-isolation ., or delete "
+    "~/.cache/psanet/ops for the JIT build).";
+#endif
+
 void check_cpu(const paddle::Tensor& x) {
   PSA_MASK_CHECK(x.is_cpu(), "psa_mask: unsupported place; the op runs on CPU and GPU.");
   PSA_MASK_CHECK(x.dtype() == phi::DataType::FLOAT32 || x.dtype() == phi::DataType::FLOAT64,
@@ -387,9 +397,7 @@ std::vector<paddle::Tensor> PsaMaskForward(const paddle::Tensor& x, int psa_type
 #ifdef PSA_MASK_WITH_CUDA
     return psa_mask_cuda_forward(x, psa_type, mask_h, mask_w);
 #else
-    PSA_MASK_CHECK(false, "psa_mask: the op library was built without CUDA; rebuild it "
-                          "with paddlepaddle-gpu installed (pip install "
-                          "--no-build-isolation .).");
+    PSA_MASK_CHECK(false, kNoCudaKernels);
 #endif
   }
   check_cpu(x);
@@ -418,7 +426,7 @@ std::vector<paddle::Tensor> PsaMaskBackward(const paddle::Tensor& grad_y, int ps
 #ifdef PSA_MASK_WITH_CUDA
     return psa_mask_cuda_backward(grad_y, psa_type, mask_h, mask_w);
 #else
-    PSA_MASK_CHECK(false, "psa_mask: the op library was built without CUDA.");
+    PSA_MASK_CHECK(false, kNoCudaKernels);
 #endif
   }
   check_cpu(grad_y);

@@ -1,5 +1,8 @@
 """Building the PSA mask op: the CUDA library builds and links end to end for the
-architectures chosen, first loads share one build, loading a built library
+architectures chosen, the JIT cache key follows those architectures and nvcc's
+version (a CPU build's key stays as it was), a CUDA Paddle without nvcc gets the
+CPU-only library with one warning (setup.py: an error), an nvcc of another CUDA
+major is one warning, first loads share one build, loading a built library
 prints no ccache warning, and a missing compiler gives one clear error.
 
 The build tests start fresh Python processes or compile into empty folders, so
@@ -124,6 +127,247 @@ def test_arch_list_the_installed_nvcc_lacks_fails_before_compiling(monkeypatch, 
     with pytest.raises(ValueError, match='does not support; it supports'):
         build.compile_library(str(tmp_path / 'op.so'), with_cuda=True)
     assert os.listdir(tmp_path) == []
+
+
+# ------------------------------------------------ the JIT cache key
+
+@pytest.fixture
+def fake_nvcc(tmp_path, monkeypatch):
+    """make(release): an executable nvcc answering --version and --list-gpu-arch (CUDA
+    13's list) that logs each call; a fresh per-process cache of nvcc's answers."""
+    monkeypatch.setattr(build, '_nvcc_answers', {})
+
+    def make(release='13.0'):
+        home = tmp_path / f'cuda-{release}'
+        (home / 'bin').mkdir(parents=True)
+        nvcc = home / 'bin' / 'nvcc'
+        archs = '\\n'.join(f'compute_{a}' for a in CUDA_13)
+        nvcc.write_text(
+            '#!/bin/sh\n'
+            f'echo "$*" >> "{home}/calls.log"\n'
+            'case "$1" in\n'
+            "  --version) printf 'nvcc: NVIDIA (R) Cuda compiler driver\\n"
+            f"Cuda compilation tools, release {release}, V{release}.88\\n' ;;\n"
+            f"  --list-gpu-arch) printf '{archs}\\n' ;;\n"
+            '  *) exit 1 ;;\n'
+            'esac\n')
+        nvcc.chmod(0o755)
+        return str(nvcc)
+    return make
+
+
+def nvcc_calls(nvcc):
+    log = os.path.join(os.path.dirname(os.path.dirname(nvcc)), 'calls.log')
+    return open(log).read().splitlines() if os.path.exists(log) else []
+
+
+def test_cuda_key_follows_the_chosen_archs_and_nvcc(fake_nvcc, monkeypatch):
+    """An NFS ~/.cache shared by A100 and H100 nodes, or a new PADDLE_CUDA_ARCH_LIST,
+    gets a build of its own; the same inputs keep the same key, and nvcc is asked
+    once per process."""
+    nvcc = fake_nvcc('13.0')
+    monkeypatch.setenv('NVCC', nvcc)
+    visible = ['80']
+    monkeypatch.setattr(build, 'visible_gpu_archs', lambda: list(visible))
+
+    def key(arch_list=None):
+        if arch_list is None:
+            monkeypatch.delenv('PADDLE_CUDA_ARCH_LIST', raising=False)
+        else:
+            monkeypatch.setenv('PADDLE_CUDA_ARCH_LIST', arch_list)
+        return build.source_hash(with_cuda=True)
+
+    a100 = key()
+    assert key() == a100
+    visible[:] = ['90']
+    h100 = key()
+    assert h100 != a100 and key() == h100
+    assert key('8.0') == a100                 # the same SASS + PTX as the A100's
+    assert len({a100, key('8.0;9.0'), key('8.0+PTX;9.0'), key('9.0a')}) == 4
+    assert key('8.0;9.0') == key('80 90')      # the same choice, written otherwise
+    visible[:] = []
+    assert key() not in (a100, h100)           # the defaults
+    assert key() != build.source_hash(with_cuda=False)
+    calls = nvcc_calls(nvcc)
+    assert calls.count('--version') == 1 and calls.count('--list-gpu-arch') == 1, calls
+
+    # Another nvcc (a CUDA 12.8 node, the same GPUs): another key.
+    monkeypatch.setenv('NVCC', fake_nvcc('12.8'))
+    visible[:] = ['80']
+    assert key() != a100
+
+
+def test_cpu_key_is_as_before_and_asks_no_nvcc(fake_nvcc, monkeypatch):
+    import hashlib
+    import paddle
+    nvcc = fake_nvcc()
+    monkeypatch.setenv('NVCC', nvcc)
+    monkeypatch.setenv('PADDLE_CUDA_ARCH_LIST', '8.0')
+    monkeypatch.setattr(paddle, 'is_compiled_with_cuda', lambda: False)
+    digest = hashlib.sha256()
+    for name in ('psa_mask_kernel.h', 'psa_mask.cc'):
+        with open(os.path.join(ROOT, 'ops', name), 'rb') as f:
+            digest.update(name.encode() + b'\0' + f.read())
+    digest.update(f'paddle={paddle.__version__};cuda=False;'
+                  f'python={sys.version_info[:2]}'.encode())
+    assert build.source_hash() == build.source_hash(with_cuda=False) \
+        == build.source_hash(cpu_fallback=True) == digest.hexdigest()[:16]
+    assert nvcc_calls(nvcc) == []
+
+
+def test_a_new_arch_list_rebuilds_into_its_own_folder(fake_nvcc, monkeypatch, tmp_path):
+    """The loader's side: a library built for 8.0 is not reused once 9.0 is asked for."""
+    from psanet.ops import loader
+    monkeypatch.setenv('NVCC', fake_nvcc())
+    monkeypatch.setenv('PSANET_OPS_CACHE', str(tmp_path / 'cache'))
+    monkeypatch.setenv('PSANET_OPS_FORCE_JIT', '1')
+    monkeypatch.setattr(build, 'with_cuda_default', lambda: True)
+    built = []
+
+    def compile_library(path, **kwargs):
+        built.append(path)
+        open(path, 'w').close()
+    monkeypatch.setattr(build, 'compile_library', compile_library)
+    paths = {}
+    for arch_list in ('8.0', '9.0', '8.0'):
+        monkeypatch.setenv('PADDLE_CUDA_ARCH_LIST', arch_list)
+        paths.setdefault(arch_list, loader.library_path())
+        assert loader.library_path() == paths[arch_list]
+    assert built == [paths['8.0'], paths['9.0']] and paths['8.0'] != paths['9.0']
+
+
+# ------------------------------------ a CUDA Paddle without nvcc
+
+def recorded_build(monkeypatch):
+    """Replaces the compiler runs with a record of their commands (the link makes an
+    empty library)."""
+    commands = []
+
+    def run(command, verbose):
+        commands.append(command)
+        if '-shared' in command:
+            open(command[command.index('-o') + 1], 'w').close()
+    monkeypatch.setattr(build, '_run', run)
+    return commands
+
+
+def warning_lines(stderr):
+    return [line for line in stderr.splitlines() if line.startswith('psanet: warning')]
+
+
+def test_cuda_paddle_without_nvcc_builds_the_cpu_library_with_one_warning(
+        monkeypatch, tmp_path, capfd):
+    import paddle
+    monkeypatch.setenv('NVCC', str(tmp_path / 'no-such-nvcc'))
+    monkeypatch.setattr(build, 'with_cuda_default', lambda: True)
+    monkeypatch.setattr(paddle.version, 'cuda', lambda: '12.6')
+    commands = recorded_build(monkeypatch)
+    capfd.readouterr()
+    for with_cuda in (None, True):   # as Paddle is compiled, and asked for
+        commands.clear()
+        build.compile_library(str(tmp_path / 'op.so'), with_cuda=with_cuda,
+                              cpu_fallback=True)
+        assert (tmp_path / 'op.so').exists()
+        flat = [' '.join(command) for command in commands]
+        assert len(flat) == 2 and not any('no-such-nvcc' in c or 'psa_mask.cu ' in c
+                                          or 'PSA_MASK_WITH_CUDA' in c or '-lcudart' in c
+                                          for c in flat), flat
+        warnings = warning_lines(capfd.readouterr().err)
+        assert len(warnings) == 1, warnings
+        for part in ('nvcc not found', 'no-such-nvcc', 'without its CUDA kernels',
+                     build.NO_CUDA_ERROR, "CUDA toolkit's nvcc", 'CUDA 12.6',
+                     'paddle.version.cuda()', 'NVCC or CUDA_HOME'):
+            assert part in warnings[0], (part, warnings[0])
+    # The key of that library is neither a CPU Paddle's nor (see the key tests) a
+    # CUDA library's, and computing it says nothing.
+    fallback = build.source_hash(cpu_fallback=True)
+    assert capfd.readouterr().err == ''
+    monkeypatch.setattr(build, 'with_cuda_default', lambda: False)
+    assert fallback != build.source_hash()
+
+
+def test_cuda_paddle_without_nvcc_stays_an_error_for_setup_py(monkeypatch, tmp_path):
+    """setup.py installs the library every later load uses: no silent CPU-only one."""
+    monkeypatch.setenv('NVCC', str(tmp_path / 'no-such-nvcc'))
+    monkeypatch.setattr(build, 'with_cuda_default', lambda: True)
+    recorded_build(monkeypatch)
+    with pytest.raises(RuntimeError, match='needs nvcc, not found'):
+        build.compile_library(str(tmp_path / 'op.so'))
+    assert not (tmp_path / 'op.so').exists()
+    with pytest.raises(RuntimeError, match='needs nvcc, not found'):
+        build.source_hash()
+
+
+def test_the_warning_quotes_the_error_gpu_tensors_raise():
+    """A GPU tensor given to a library built without CUDA raises, forward and backward,
+    the error the no-nvcc warning names (read in the source: no GPU Paddle here)."""
+    with open(os.path.join(ROOT, 'ops', 'psa_mask.cc')) as f:
+        source = f.read()
+    branches = re.findall(r'is_gpu\(\)\) \{\n#ifdef PSA_MASK_WITH_CUDA\n.*?\n#else\n(.*?)'
+                          r'#endif', source, re.DOTALL)
+    assert len(branches) == 2, branches
+    for branch in branches:
+        assert 'PSA_MASK_CHECK(false, kNoCudaKernels)' in branch, branch
+    message, = re.findall(r'kNoCudaKernels =\s*((?:"[^"]*"\s*)+);', source)
+    assert re.sub(r'"\s+"', '', message).count(build.NO_CUDA_ERROR) == 1, message
+
+
+def test_cuda_paddle_without_nvcc_runs_the_op_on_the_cpu(tmp_path):
+    """The whole JIT path on a (simulated) paddlepaddle-gpu with no nvcc: one warning,
+    a CPU-only library in a folder of its own, and the op runs on CPU tensors."""
+    script = f'''
+        import numpy as np
+        import paddle
+        from psanet.ops import build, load_library, psa_mask
+        build.with_cuda_default = lambda: True
+        paddle.version.cuda = lambda: '12.6'
+        x = np.random.default_rng(0).standard_normal((2, 12, 5, 4)).astype('float32')
+        y = psa_mask(paddle.to_tensor(x), 'distribute', (3, 4), impl='custom')
+        np.save(r'{tmp_path}/x.npy', x)
+        np.save(r'{tmp_path}/y.npy', y.numpy())
+        print(load_library())
+        print(build.source_hash(cpu_fallback=True))
+        build.with_cuda_default = lambda: False
+        print(build.source_hash())
+    '''
+    process = start_python(tmp_path / 'cache', script, NVCC=str(tmp_path / 'no-such-nvcc'))
+    stdout, stderr = process.communicate(timeout=600)
+    assert process.returncode == 0, stderr[-3000:]
+    library, fallback_key, cpu_key = stdout.split()[-3:]
+    assert library == str(tmp_path / 'cache' / fallback_key / (build.LIBRARY_NAME + '.so'))
+    assert fallback_key != cpu_key
+    warnings = warning_lines(stderr)
+    assert len(warnings) == 1 and 'nvcc not found' in warnings[0], stderr[-3000:]
+    if shutil.which('nm'):
+        defined = subprocess.run(['nm', '-D', '--defined-only', library],
+                                 capture_output=True, text=True, check=True).stdout
+        assert 'psa_mask_cpu_threads' in defined and 'psa_mask_cuda' not in defined
+    np.testing.assert_array_equal(np.load(tmp_path / 'y.npy'), reference_forward(
+        np.load(tmp_path / 'x.npy'), 'distribute', 3, 4))
+
+
+def test_nvcc_of_another_cuda_major_is_one_warning_line(fake_nvcc, monkeypatch, tmp_path,
+                                                        capfd):
+    import paddle
+    nvcc = fake_nvcc('13.0')
+    monkeypatch.setenv('NVCC', nvcc)
+    monkeypatch.setenv('PADDLE_CUDA_ARCH_LIST', '9.0')
+    monkeypatch.setattr(build, 'with_cuda_default', lambda: True)
+    monkeypatch.setattr(build, 'cuda_library_dirs', lambda nvcc: [])
+    for paddle_cuda, expected in (('12.6', 1), ('13.0', 0), ('13.2', 0), ('False', 0)):
+        monkeypatch.setattr(paddle.version, 'cuda', lambda: paddle_cuda)
+        commands = recorded_build(monkeypatch)
+        capfd.readouterr()
+        build.compile_library(str(tmp_path / 'op.so'))
+        assert commands[0][0] == nvcc and len(commands) == 3   # the build goes on
+        warnings = warning_lines(capfd.readouterr().err)
+        assert len(warnings) == expected, (paddle_cuda, warnings)
+    monkeypatch.setattr(paddle.version, 'cuda', lambda: '12.6')
+    warning = build.nvcc_version_warning(nvcc)
+    for part in (nvcc, 'is CUDA 13.0', 'built with CUDA 12.6', 'paddle.version.cuda()',
+                 "CUDA 12 toolkit's nvcc", 'NVCC or CUDA_HOME'):
+        assert part in warning, (part, warning)
+    assert '\n' not in warning
 
 
 # --------------------------------------- the CUDA library, end to end

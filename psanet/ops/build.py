@@ -1,9 +1,10 @@
 """Compiles the PSA mask op library (``ops/*.cc``, ``ops/*.cu``) into one ``.so``.
 
 The same function serves ``setup.py`` (ahead of time, into the installed
-package) and the loader (just in time, into a cache folder keyed by the
-sources' hash). Both write the library atomically, so a reader never sees a
-half-written file.
+package) and the loader (just in time, into a cache folder keyed by
+``source_hash``: the sources, Paddle, Python and, with the CUDA kernels, the
+architectures chosen and nvcc's version). Both write the library atomically,
+so a reader never sees a half-written file.
 """
 import glob
 import hashlib
@@ -50,17 +51,34 @@ def _sources(source_dir, with_cuda):
     return paths
 
 
-def source_hash(source_dir=None, with_cuda=None):
-    """Hash of what the library depends on: sources, Paddle version, CUDA or not."""
+def source_hash(source_dir=None, with_cuda=None, cpu_fallback=False):
+    """Hash of what the library depends on, which names its JIT cache folder.
+
+    Always: the sources, the Paddle version, CUDA or not, the Python version.
+    A CUDA build adds the architectures it would be built for (SASS and PTX,
+    as :func:`selected_cuda_archs` chooses them: PADDLE_CUDA_ARCH_LIST, else the
+    GPUs Paddle sees, else the defaults) and nvcc's release line, so that
+    machines sharing one cache (NFS ``~/.cache``) with other GPUs, another
+    PADDLE_CUDA_ARCH_LIST or another nvcc each get their own build. A CPU-only
+    library on a CUDA Paddle (``cpu_fallback``: no nvcc) adds Paddle's CUDA
+    version and ``nvcc=none``; once nvcc is there the key, and so the build,
+    changes. On a CPU Paddle the key is what it always was.
+    """
     import paddle
     source_dir = source_dir or default_source_dir()
-    with_cuda = with_cuda_default() if with_cuda is None else with_cuda
+    nvcc, _ = plan_cuda(with_cuda, cpu_fallback, quiet=True)
     digest = hashlib.sha256()
-    for path in _sources(source_dir, with_cuda):
+    for path in _sources(source_dir, nvcc is not None):
         with open(path, 'rb') as f:
             digest.update(os.path.basename(path).encode() + b'\0' + f.read())
-    digest.update(f'paddle={paddle.__version__};cuda={with_cuda};'
+    digest.update(f'paddle={paddle.__version__};cuda={nvcc is not None};'
                   f'python={sys.version_info[:2]}'.encode())
+    if nvcc is not None:
+        archs, ptx, _ = selected_cuda_archs(nvcc)
+        digest.update(f';archs={",".join(archs)};ptx={",".join(ptx)};'
+                      f'nvcc={nvcc_release(nvcc)}'.encode())
+    elif with_cuda_default():
+        digest.update(f';paddle_cuda={paddle.version.cuda()};nvcc=none'.encode())
     return digest.hexdigest()[:16]
 
 
@@ -86,13 +104,17 @@ def _find_compiler(name, env, install_hint):
 
 # ------------------------------------------------------------------ CUDA
 
+def _nvcc_candidates():
+    if os.environ.get('NVCC'):
+        return [os.environ['NVCC']]
+    homes = [os.environ.get(v) for v in ('CUDA_HOME', 'CUDA_PATH') if os.environ.get(v)]
+    return ([os.path.join(home, 'bin', 'nvcc') for home in homes]
+            + ['nvcc', '/usr/local/cuda/bin/nvcc'])
+
+
 def find_nvcc():
     """$NVCC; else nvcc of $CUDA_HOME or $CUDA_PATH; else on PATH; else /usr/local/cuda."""
-    homes = [os.environ.get(v) for v in ('CUDA_HOME', 'CUDA_PATH') if os.environ.get(v)]
-    candidates = ([os.path.join(home, 'bin', 'nvcc') for home in homes]
-                  + ['nvcc', '/usr/local/cuda/bin/nvcc'])
-    if os.environ.get('NVCC'):
-        candidates = [os.environ['NVCC']]
+    candidates = _nvcc_candidates()
     for candidate in candidates:
         found = shutil.which(candidate)
         if found:
@@ -101,6 +123,87 @@ def find_nvcc():
         f'building the psa_mask op with CUDA kernels needs nvcc, not found (looked for '
         f'{", ".join(candidates)}). Install the CUDA toolkit matching your '
         'paddlepaddle-gpu build, and put its bin/ on PATH or set CUDA_HOME.')
+
+
+# What the GPU kernels of a library built without them answer (ops/psa_mask.cc).
+NO_CUDA_ERROR = 'psa_mask: the op library was built without CUDA kernels'
+
+
+def paddle_cuda_version():
+    """The CUDA version Paddle was built with ('12.6'); None on a CPU Paddle."""
+    import paddle
+    version = str(paddle.version.cuda())
+    return version if re.match(r'\d+\.\d+', version) else None
+
+
+def no_nvcc_warning():
+    """The one line said when a CUDA Paddle gets the CPU-only library for want of nvcc."""
+    wanted = paddle_cuda_version()
+    toolkit = f'CUDA {wanted}, as paddle.version.cuda() says' if wanted else \
+        'the CUDA version of paddle.version.cuda()'
+    return (f'psanet: warning: nvcc not found (looked for {", ".join(_nvcc_candidates())}), '
+            'so the psa_mask op is built without its CUDA kernels: it runs on CPU tensors '
+            f'only, and a GPU tensor raises "{NO_CUDA_ERROR}". For the CUDA kernels, '
+            f"install the CUDA toolkit's nvcc matching this Paddle ({toolkit}) or set "
+            'NVCC or CUDA_HOME to one; the next load then builds them.')
+
+
+def plan_cuda(with_cuda=None, cpu_fallback=False, quiet=False):
+    """Which library to build: ``(nvcc, None)`` with the CUDA kernels, ``(None, None)``
+    without; ``with_cuda`` None: as ``paddle.is_compiled_with_cuda()``.
+
+    With no nvcc to be found, CUDA kernels wanted are a RuntimeError, unless
+    ``cpu_fallback`` (the JIT build: the op stays usable on the CPU, e.g. by the
+    CPU predictor, on a paddlepaddle-gpu wheel, which ships no nvcc): then
+    ``(None, warning)``, the warning printed to stderr unless ``quiet``.
+    """
+    with_cuda = with_cuda_default() if with_cuda is None else with_cuda
+    if not with_cuda:
+        return None, None
+    try:
+        return find_nvcc(), None
+    except RuntimeError:
+        if not cpu_fallback:
+            raise
+    warning = no_nvcc_warning()
+    if not quiet:
+        print(warning, file=sys.stderr, flush=True)
+    return None, warning
+
+
+_nvcc_answers = {}   # (nvcc, flag) -> its output, asked once per process
+
+
+def _ask_nvcc(nvcc, flag):
+    key = (nvcc, flag)
+    if key not in _nvcc_answers:
+        result = subprocess.run([nvcc, flag], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        _nvcc_answers[key] = (result.returncode, result.stdout)
+    return _nvcc_answers[key]
+
+
+def nvcc_release(nvcc):
+    """The release line of ``nvcc --version`` ('Cuda compilation tools, release 13.0,
+    V13.0.88'); asked once per process."""
+    returncode, output = _ask_nvcc(nvcc, '--version')
+    lines = [line.strip() for line in output.splitlines() if 'release' in line]
+    if returncode != 0 or not lines:
+        raise RuntimeError(f'`{nvcc} --version` printed no release line:\n{output}')
+    return lines[0]
+
+
+def nvcc_version_warning(nvcc):
+    """One line when nvcc's CUDA major version is not Paddle's; None when they match
+    (or Paddle has no CUDA)."""
+    wanted = paddle_cuda_version()
+    match = re.search(r'release (\d+)\.(\d+)', nvcc_release(nvcc))
+    if wanted is None or match is None or match.group(1) == wanted.split('.')[0]:
+        return None
+    return (f'psanet: warning: {nvcc} is CUDA {match.group(1)}.{match.group(2)}, but this '
+            f'Paddle was built with CUDA {wanted} (paddle.version.cuda()): the op is built '
+            f'anyway, but may fail to load or run; install the CUDA {wanted.split(".")[0]} '
+            "toolkit's nvcc and set NVCC or CUDA_HOME to it if it does.")
 
 
 def cuda_library_dirs(nvcc):
@@ -142,13 +245,13 @@ def _existing(folders):
 
 
 def supported_cuda_archs(nvcc):
-    """The architectures ``nvcc`` compiles for (``--list-gpu-arch``), e.g. ['75', '80']."""
-    result = subprocess.run([nvcc, '--list-gpu-arch'], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    archs = re.findall(r'^compute_(\d+)\s*$', result.stdout, re.MULTILINE)
-    if result.returncode != 0 or not archs:
+    """The architectures ``nvcc`` compiles for (``--list-gpu-arch``, asked once per
+    process), e.g. ['75', '80']."""
+    returncode, output = _ask_nvcc(nvcc, '--list-gpu-arch')
+    archs = re.findall(r'^compute_(\d+)\s*$', output, re.MULTILINE)
+    if returncode != 0 or not archs:
         raise RuntimeError(f'`{nvcc} --list-gpu-arch` did not list the GPU architectures '
-                           f'it supports (CUDA 11 or newer is needed):\n{result.stdout}')
+                           f'it supports (CUDA 11 or newer is needed):\n{output}')
     return sorted(set(archs), key=int)
 
 
@@ -239,10 +342,17 @@ def select_cuda_archs(requested, supported, visible, nvcc='nvcc'):
     return archs, sorted(ptx | {newest}, key=_number), why
 
 
+def selected_cuda_archs(nvcc):
+    """``select_cuda_archs`` for this process: PADDLE_CUDA_ARCH_LIST, nvcc's list and
+    the GPUs Paddle sees (not asked when PADDLE_CUDA_ARCH_LIST is set)."""
+    requested = os.environ.get('PADDLE_CUDA_ARCH_LIST')
+    return select_cuda_archs(requested, supported_cuda_archs(nvcc),
+                             [] if requested else visible_gpu_archs(), nvcc)
+
+
 def cuda_arch_flags(nvcc):
     """nvcc's -gencode flags; prints one line saying which architectures and why."""
-    archs, ptx, why = select_cuda_archs(os.environ.get('PADDLE_CUDA_ARCH_LIST'),
-                                        supported_cuda_archs(nvcc), visible_gpu_archs(), nvcc)
+    archs, ptx, why = selected_cuda_archs(nvcc)
     print(f'psanet: building the CUDA kernels for {_dotted(archs)} (+PTX {_dotted(ptx)}): '
           f'{why}', file=sys.stderr, flush=True)
     return ([f'-gencode=arch=compute_{a},code=sm_{a}' for a in archs]
@@ -266,12 +376,20 @@ def paddle_core_library():
         return os.path.basename(paddle.base.libpaddle.__file__)
 
 
-def compile_library(output_path, source_dir=None, with_cuda=None, verbose=False):
-    """Builds the op library into ``output_path`` (written atomically)."""
+def compile_library(output_path, source_dir=None, with_cuda=None, verbose=False,
+                    cpu_fallback=False):
+    """Builds the op library into ``output_path`` (written atomically).
+
+    ``with_cuda`` None: with the CUDA kernels when Paddle is compiled with CUDA.
+    Without nvcc that is an error (``setup.py``: the library it installs is the
+    one always loaded), unless ``cpu_fallback`` (the JIT build): then the CPU-only
+    library, and one warning line on stderr (see :func:`plan_cuda`).
+    """
     from paddle.utils.cpp_extension import extension_utils as eu
 
     source_dir = source_dir or default_source_dir()
-    with_cuda = with_cuda_default() if with_cuda is None else with_cuda
+    nvcc, _ = plan_cuda(with_cuda, cpu_fallback)
+    with_cuda = nvcc is not None
     sources = _sources(source_dir, with_cuda)
     cxx = _find_compiler('c++', 'CXX', 'Install a C++17 compiler (e.g. `apt install g++`).')
     # PADDLE_NO_PYTHON: the library is registered through Paddle's op registry
@@ -288,7 +406,9 @@ def compile_library(output_path, source_dir=None, with_cuda=None, verbose=False)
         # toolkit alone does not ship (Paddle 3.3.1). psa_mask.cc needs only to
         # know that the CUDA launchers are there.
         cxx_defines = defines + ['-DPSA_MASK_WITH_CUDA']
-        nvcc = find_nvcc()
+        mismatch = nvcc_version_warning(nvcc)
+        if mismatch:
+            print(mismatch, file=sys.stderr, flush=True)
         lib_dirs += [d for d in cuda_library_dirs(nvcc) if d not in lib_dirs]
         gencode = cuda_arch_flags(nvcc)
 

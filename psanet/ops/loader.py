@@ -2,8 +2,12 @@
 
 Order: the library installed inside the package by ``setup.py``; else a build
 cached under ``$PSANET_OPS_CACHE`` (default ``~/.cache/psanet/ops``) in a folder
-named by the sources' hash, built once under a file lock so that many
-processes starting together (``paddle.distributed.launch``) share one build.
+named by ``build.source_hash`` (the sources, Paddle, Python and, for the CUDA
+kernels, the architectures chosen and nvcc's version), built once under a file
+lock so that many processes starting together (``paddle.distributed.launch``)
+share one build. On a CUDA Paddle with no nvcc (a paddlepaddle-gpu wheel alone)
+the JIT build is the CPU-only library, with one warning line: the op still
+runs on CPU tensors (the CPU predictor, export), and a GPU tensor raises.
 
 The library also answers, through ctypes, how many threads its CPU kernels
 use (``psa_mask_cpu_threads``, ``psa_mask_last_cpu_threads``).
@@ -30,7 +34,7 @@ def library_path():
     """Path of a usable op library, building it into the cache if needed."""
     if os.path.isfile(_INSTALLED) and not os.environ.get('PSANET_OPS_FORCE_JIT'):
         return _INSTALLED
-    folder = os.path.join(cache_dir(), build.source_hash())
+    folder = os.path.join(cache_dir(), build.source_hash(cpu_fallback=True))
     path = os.path.join(folder, build.LIBRARY_NAME + '.so')
     if os.path.isfile(path):
         return path
@@ -42,7 +46,7 @@ def library_path():
                 print(f'psanet: building the psa_mask op into {folder} (once: about '
                       '10 s, up to a minute with the CUDA kernels)', file=sys.stderr,
                       flush=True)
-                build.compile_library(path)
+                build.compile_library(path, cpu_fallback=True)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     return path
