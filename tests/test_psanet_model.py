@@ -252,3 +252,25 @@ def test_few_steps_lower_the_loss():
         opt.clear_grad()
         losses.append(float(loss))
     assert losses[-1] < 0.8 * losses[0], losses
+
+
+def test_weights_with_the_old_conv_biases_are_named_as_such(tmp_path):
+    # Weights saved before the convs lost their biases: every tensor of the model plus a
+    # bias next to some conv weights. Built here from the model's own state_dict.
+    from psanet.core.checkpoint import load_model_weights
+    from psanet.errors import CheckpointError
+    _, model = build_config_model(seed=0)
+    state = {k: v.numpy() for k, v in model.state_dict().items()}
+    convs = [k for k in state if k.endswith('_conv.weight')]
+    assert convs
+    for key in convs[:3]:
+        state[key[:-len('weight')] + 'bias'] = np.zeros(state[key].shape[0], 'float32')
+    path = str(tmp_path / 'old.pdparams')
+    paddle.save(state, path)
+    with pytest.raises(CheckpointError, match='3 convolution biases that PSANet no longer has'):
+        load_model_weights(model, path)
+    # Anything else that does not fit keeps the general message.
+    del state[convs[0]]
+    paddle.save(state, path)
+    with pytest.raises(CheckpointError, match='do not fit PSANet built from the config'):
+        load_model_weights(model, path)

@@ -343,10 +343,22 @@ def check_state_fits(model, loaded, source, fix):
         CheckpointError: naming the mismatching tensors (shape mismatches first, with
             both shapes), the missing and the unexpected ones.
     """
-    report = _mismatch_report(model.state_dict(), loaded)
-    if report:
-        raise CheckpointError(f'{source} do not fit {type(model).__name__} built from the config: '
-                              f'{report}. {fix}')
+    expected = model.state_dict()
+    report = _mismatch_report(expected, loaded)
+    if not report:
+        return
+    extra = [key for key in loaded if key not in expected]
+    if (extra and all(key.endswith('.bias') and key[:-len('bias')] + 'weight' in expected
+                      for key in extra)
+            and all(key in loaded for key in expected)):
+        raise CheckpointError(
+            f'{source} carry {len(extra)} convolution biases that {type(model).__name__} no '
+            f'longer has (such as {extra[0]}): they were saved by this project before its '
+            'model became tensor for tensor the reproduction\'s (no bias before BatchNorm or '
+            'on the attention conv). Train again, or evaluate them with a checkout from '
+            'before that change.')
+    raise CheckpointError(f'{source} do not fit {type(model).__name__} built from the config: '
+                          f'{report}. {fix}')
 
 
 def load_model_weights(model, model_path):
