@@ -10,7 +10,7 @@ import signal
 
 __all__ = ['UserError', 'ConfigError', 'CheckpointError', 'TrainingError', 'DatasetError',
            'UnreadableImagesError', 'InferenceMemoryError', 'DeployError', 'ArgumentError',
-           'Interrupted', 'unreadable_image']
+           'Interrupted', 'few', 'unreadable_image']
 
 
 class UserError(Exception):
@@ -52,6 +52,13 @@ class ArgumentError(ValueError):
     def __init__(self, argument, requirement, value):
         self.argument, self.requirement, self.value = argument, requirement, value
         super().__init__(f'{argument} must be {requirement}, got {value!r}.')
+
+
+def few(names, shown=5):
+    """``a, b, c, d, e and 3 more``: the first names of a list, for a one-line message."""
+    names = list(names)
+    text = ', '.join(str(name) for name in names[:shown])
+    return text + (f' and {len(names) - shown} more' if len(names) > shown else '')
 
 
 def unreadable_image(path, fix):

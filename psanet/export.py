@@ -244,10 +244,11 @@ def _check_export(model, deploy_path, image_path, logger):
     images = [path for path, _ in get_image_list(image_path)]
     checks = [('Paddle Inference, CPU, oneDNN off', {'enable_mkldnn': False}),
               ('Paddle Inference, CPU, oneDNN on', {'enable_mkldnn': True})]
-    if DeployConfig(deploy_path).onnx:
+    deploy = DeployConfig(deploy_path)
+    if deploy.onnx:
         checks.append(('onnxruntime, CPU', {'backend': 'onnxruntime'}))
     for name, options in checks:
-        result = compare_with_dygraph(model, deploy_path, images, **options)
+        result = compare_with_dygraph(model, deploy, images, **options)
         diff = '' if result['max_abs_diff'] is None else \
             f', max |output - dygraph| {result["max_abs_diff"]:.1e}'
         logger.info(f'Exported model ({name}) vs dygraph on {result["images"]} images: '

@@ -28,7 +28,7 @@ import numpy as np
 import paddle
 
 from psanet.core.config import ComponentBuilder, load_config
-from psanet.errors import CheckpointError
+from psanet.errors import CheckpointError, few
 from psanet.log import get_logger
 from psanet.models.reproduction import convert_reproduction_state, is_reproduction_state
 
@@ -315,10 +315,6 @@ def _mismatch_report(expected, loaded):
         for k in expected if k in loaded and hasattr(loaded[k], 'shape')
         and list(loaded[k].shape) != list(expected[k].shape)
     ]
-
-    def few(names):
-        shown = ', '.join(names[:5])
-        return shown + (f' and {len(names) - 5} more' if len(names) > 5 else '')
 
     parts = []
     if wrong_shape:

@@ -552,7 +552,7 @@ def check_attention_memory(model, image, scales=None, is_slide=False, crop_size=
     if need['peak_bytes'] <= available:
         return
     where = 'GPU' if image.place.is_gpu_place() else 'host'
-    softmax = ', and its softmax as much' if need['peak_bytes'] > need['map_bytes'] else ''
+    softmax = ', more while its softmax runs' if need['peak_bytes'] > need['map_bytes'] else ''
     what = f'{w}x{h} windows' if is_slide else f'a {w}x{h} network input'
     raise InferenceMemoryError(
         f'{what} need{"" if is_slide else "s"} {_format_bytes(need["peak_bytes"])} for '

@@ -22,7 +22,7 @@ import cv2
 import numpy as np
 import paddle
 
-from psanet.data.validate import label_values_error
+from psanet.data.validate import label_values, label_values_error
 from psanet.errors import ConfigError, DatasetError, unreadable_image
 
 __all__ = ['SampleReader', 'collate', 'raise_if_error', 'TrainBatchSampler', 'EvalBatchSampler',
@@ -75,7 +75,7 @@ class SampleReader(paddle.io.Dataset):
         label = np.asarray(data['label'])
         # validate_dataset checked the files; this catches a label changed since, or
         # a dataset handed to train() unchecked, before it reaches the loss.
-        error = label_values_error(label_path, np.unique(label), self.num_classes,
+        error = label_values_error(label_path, label_values(label), self.num_classes,
                                    self.ignore_index, getattr(self.dataset, 'dataset_root', None))
         if error:
             return {'error': error}

@@ -572,7 +572,7 @@ def _evaluate(run, state):
     if result['miou'] > state.best_miou:
         state.best_miou, state.best_iter = result['miou'], state.iteration
         if run.main:
-            ckpt.save_checkpoint(os.path.join(run.save_dir, 'best_model'), run.model,
+            ckpt.save_checkpoint(os.path.join(run.save_dir, run_dir.BEST_MODEL), run.model,
                                  state={'iteration': state.iteration, 'miou': state.best_miou})
     run.logger.info(f'[EVAL] The model with the best validation mIoU '
                     f'({state.best_miou:.4f}) was saved at iter {state.best_iter}.')

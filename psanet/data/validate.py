@@ -34,10 +34,10 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from psanet.errors import DatasetError, unreadable_image
+from psanet.errors import DatasetError, few, unreadable_image
 
 __all__ = ['check_dataset_root', 'check_dataset_config',
-           'validate_dataset', 'label_values_error', 'CITYSCAPES_LAYOUT', 'CITYSCAPES_DOWNLOAD',
+           'validate_dataset', 'label_values', 'label_values_error', 'CITYSCAPES_LAYOUT', 'CITYSCAPES_DOWNLOAD',
            'CHECK_CACHE_NAME']
 
 CITYSCAPES_LAYOUT = """\
@@ -54,7 +54,6 @@ CITYSCAPES_DOWNLOAD = (
 IMAGE_SUFFIX = '_leftImg8bit.png'
 TRAIN_IDS_SUFFIX = '_gtFine_labelTrainIds.png'
 _CHECK_LABELS = ('all', 'sample', 'none')
-_NAMES_SHOWN = 5
 
 # What validate_dataset read, per file, in the dataset root (see _CheckCache).
 CHECK_CACHE_NAME = '.psanet_dataset_check.json'
@@ -223,7 +222,7 @@ def validate_dataset(dataset, num_classes, ignore_index=255, check_labels='all',
         message = problems[0][1]
         if len(problems) > 1:
             message += (f' {len(problems) - 1} more of the {len(pairs)} samples fail the check: '
-                        f'{_few(path for path, _ in problems[1:])}.')
+                        f'{few(path for path, _ in problems[1:])}.')
         raise DatasetError(message)
     read = sum(1 for *_, fresh in results if fresh)
     return {'samples': len(file_list), 'read': read, 'cached': len(pairs) - read}
@@ -245,25 +244,19 @@ def _check_cityscapes_pairs(root, mode):
     if without_label:
         raise DatasetError(
             f'{len(without_label)} of {len(images)} {mode} images in {root} have no '
-            f'*{TRAIN_IDS_SUFFIX}, e.g. {_few(images[s] for s in without_label)}. '
+            f'*{TRAIN_IDS_SUFFIX}, e.g. {few(images[s] for s in without_label)}. '
             f'Run `python tools/prepare_cityscapes.py --root {root}` to make them from '
             'the *_gtFine_polygons.json or *_gtFine_labelIds.png files.')
     if without_image:
         raise DatasetError(
             f'{len(without_image)} {mode} labels in {root} have no *{IMAGE_SUFFIX}, e.g. '
-            f'{_few(labels[s] for s in without_image)}: unzip leftImg8bit_trainvaltest.zip '
+            f'{few(labels[s] for s in without_image)}: unzip leftImg8bit_trainvaltest.zip '
             'into the same root or remove those labels.')
 
 
 def _stems(paths, suffix):
     return {os.path.join(os.path.basename(os.path.dirname(p)), os.path.basename(p)[:-len(suffix)]): p
             for p in paths}
-
-
-def _few(paths):
-    paths = list(paths)
-    shown = ', '.join(paths[:_NAMES_SHOWN])
-    return shown + (f' and {len(paths) - _NAMES_SHOWN} more' if len(paths) > _NAMES_SHOWN else '')
 
 
 def _check_pair_names(image_path, label_path, root):
@@ -325,12 +318,16 @@ def _read_label(path):
         return f'label {path} cannot be read ({error})'
     if label.ndim != 2:
         return {'shape': list(label.shape), 'values': []}
+    return {'shape': list(label.shape), 'values': [int(v) for v in label_values(label)]}
+
+
+def label_values(label):
+    """The sorted distinct values of a label array."""
+    label = np.asarray(label)
     if label.dtype == np.uint8:  # OpenCV's histogram: faster than numpy's, and without the GIL
-        values = np.flatnonzero(cv2.calcHist([np.ascontiguousarray(label)], [0], None, [256],
-                                             [0, 256]).ravel())
-    else:
-        values = np.unique(label)
-    return {'shape': list(label.shape), 'values': [int(v) for v in values]}
+        return np.flatnonzero(cv2.calcHist([np.ascontiguousarray(label).reshape(-1, 1)], [0],
+                                           None, [256], [0, 256]).ravel())
+    return np.unique(label)
 
 
 def _sample_problem(image_path, image, label_path, label, num_classes, ignore_index, root,
