@@ -22,7 +22,7 @@ from paddleseg.datasets import Cityscapes  # noqa: E402
 from paddleseg.transforms import Normalize  # noqa: E402
 
 from psanet.data import generate_mini_cityscapes  # noqa: E402
-from psanet.data.validate import validate_dataset  # noqa: E402
+from psanet.data.validate import CHECK_CACHE_NAME, validate_dataset  # noqa: E402
 
 
 def parse_args():
@@ -46,7 +46,7 @@ def main():
             for name in files:
                 os.utime(os.path.join(parent, name), (an_hour_ago, an_hour_ago))
         dataset = Cityscapes(transforms=[Normalize()], dataset_root=root, mode='train')
-        cache = os.path.join(root, '.psanet_dataset_check.json')
+        cache = os.path.join(root, CHECK_CACHE_NAME)
         times = {'all, cold': [], 'all, warm': [], 'sample (first and last 8)': []}
         for _ in range(args.rounds):
             if os.path.exists(cache):

@@ -30,7 +30,6 @@ def build_config_model(path=MINI_CONFIG, seed=None):
     return cfg, SegBuilder(cfg).model
 
 
-# BGR colours of the toy classes (and of class ids beyond, for bad-label tests).
 def mini_psanet_for_eval(seed):
     """The mini config's PSANet with seeded weights, in eval mode."""
     _, model = build_config_model(seed=seed)
@@ -60,6 +59,7 @@ def assert_saved_masks_agree(out, image_paths, model, rtol):
                                 class_axis=0)
 
 
+# BGR colours of the toy classes (and of class ids beyond, for bad-label tests).
 TOY_COLORS = np.array([[40, 40, 200], [40, 200, 40], [200, 40, 40], [200, 200, 40]], np.uint8)
 
 

@@ -23,17 +23,11 @@ from psanet.errors import DeployError
 from conftest import INFER_SCRIPT as INFER
 from conftest import MINI_PSANET_RTOL, ROOT, assert_logits_agree
 from conftest import infer_in_process as conftest_infer_in_process
-from engine_helpers import build_config_model
+from engine_helpers import mini_psanet_for_eval
 from psanet.export import export_model
 
 CITYSCAPES_COLORS = np.array([trainId2label[i].color for i in range(19)])
 IMAGE_SIZE = (96, 64)  # width, height
-
-
-def build_mini_model():
-    cfg, model = build_config_model(seed=1)
-    model.eval()
-    return model
 
 
 def dygraph_logits(model, image_bgr):
@@ -70,7 +64,7 @@ def infer_in_process(capfd, *args):
 def setup(tmp_path_factory):
     """A model, its custom and pure-Paddle dynamic argmax exports, and three images."""
     root = tmp_path_factory.mktemp('deploy')
-    model = build_mini_model()
+    model = mini_psanet_for_eval(seed=1)
     dirs = {impl: str(root / impl) for impl in ('custom', 'paddle')}
     for impl, save_dir in dirs.items():
         # 19 classes both times: the palette comes from deploy.yaml, not the class count.

@@ -20,11 +20,10 @@ import pytest
 from PIL import Image
 
 import engine_helpers as helpers
-from conftest import (MINI_CONFIG, MINI_PSANET_RTOL, ROOT, TINY_SEGNET_RTOL,
+from conftest import (MINI_CONFIG, MINI_PSANET_RTOL, TINY_SEGNET_RTOL,
                       assert_logits_agree, infer_in_process)
 from psanet.core import inference
 
-INFER = os.path.join(ROOT, 'deploy', 'python', 'infer.py')
 
 # PaddleSeg 2.8's deploy/python/infer.py, `--device cpu --print_detail False`, restated
 # from its source: Predictor._init_base_config, _init_cpu_config, run, _preprocess and
@@ -157,8 +156,7 @@ def test_paddleseg_deploy_config_reads_every_output_op(argmax_export, tmp_path):
 
     from psanet.deploy.config import DeployConfig
     from psanet.export import export_model
-    _, model = helpers.build_config_model(seed=1)
-    model.eval()
+    model = helpers.mini_psanet_for_eval(1)
     paths = {'argmax': argmax_export[0]}
     for output_op in ('softmax', 'none'):
         save_dir = str(tmp_path / output_op)
@@ -188,18 +186,12 @@ def _tiny_segnet():
     return model
 
 
-def _mini_psanet():
-    _, model = helpers.build_config_model(seed=2)
-    model.eval()
-    return model
-
-
 # (model, its tolerance, input [N, C, H, W], trans_info, aug_inference options). The
 # same operations in the same order, except that paddleseg's sliding windows add in
 # float64: the two agree within the model's tolerance (see conftest).
 AUG_CASES = {
     'psanet scales, horizontal flip, resize undone': (
-        _mini_psanet, MINI_PSANET_RTOL, (1, 3, 64, 128), [('resize', [80, 150])],
+        lambda: helpers.mini_psanet_for_eval(2), MINI_PSANET_RTOL, (1, 3, 64, 128), [('resize', [80, 150])],
         dict(scales=[0.75, 1.0, 1.25], flip_horizontal=True)),
     'tinysegnet both flips, windows, padding undone': (
         _tiny_segnet, TINY_SEGNET_RTOL, (1, 3, 32, 64), [('padding', [30, 60])],

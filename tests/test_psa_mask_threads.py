@@ -13,6 +13,7 @@ import paddle
 import pytest
 
 from conftest import ROOT
+from psa_mask_reference import reference_forward
 from predictor_helpers import cpu_config, create, run_once
 from psanet.ops import psa_mask, psa_mask_cpu_threads, psa_mask_last_cpu_threads
 
@@ -117,7 +118,7 @@ def exported(tmp_path_factory):
 def test_predictor_runs_the_op_on_its_cpu_math_library_threads(set_paddle_threads, exported,
                                                              onednn):
     x = random_input(MASK, MAP)
-    expected = psa_mask(paddle.to_tensor(x), 'collect', MASK, impl='custom').numpy()
+    expected = reference_forward(x, 'collect', *MASK)
     set_paddle_threads(1)  # the predictor's count, not the caller's, decides
     for threads in (2, 3):
         predictor = create(cpu_config(exported, onednn, threads=threads))

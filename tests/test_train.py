@@ -2,7 +2,6 @@
 import glob
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -12,7 +11,7 @@ import paddle
 import pytest
 
 import engine_helpers as helpers
-from conftest import MINI_CONFIG, ROOT
+from conftest import MINI_CONFIG, ROOT, copy_dataset
 from psanet.cli import run_cli
 from psanet.core import checkpoint as ckpt
 from psanet.core.config import ComponentBuilder, load_config
@@ -251,13 +250,6 @@ def _cli_error(capsys, **kwargs):
     return err[err.index('error: '):]
 
 
-def _cityscapes(tmp_path, mini_cityscapes):
-    """A copy of the shared mini Cityscapes, to change."""
-    root = str(tmp_path / 'mini')
-    shutil.copytree(mini_cityscapes, root)
-    return root
-
-
 def _cityscapes_config(tmp_path, root):
     config = helpers.toy_config(root, iters=2, num_classes=19, dataset_type='Cityscapes')
     return helpers.write_config(tmp_path / 'city.yml', config)
@@ -269,7 +261,7 @@ def test_bad_dataset_inputs_are_one_line_errors(tmp_path, capsys, mini_cityscape
     path = _cityscapes_config(tmp_path, missing)
     assert missing in _cli_error(capsys, config=path, save_dir=save_dir)
 
-    root = _cityscapes(tmp_path, mini_cityscapes)
+    root = copy_dataset(mini_cityscapes, tmp_path)
     path = _cityscapes_config(tmp_path, root)
     label = sorted(glob.glob(os.path.join(root, 'gtFine', 'train', '*',
                                           '*_gtFine_labelTrainIds.png')))[0]
