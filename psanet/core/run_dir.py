@@ -36,8 +36,6 @@ __all__ = ['LOCK_FILE', 'BEST_MODEL', 'own_save_dir', 'clear_overwritten']
 
 LOCK_FILE = '.train.lock'
 BEST_MODEL = 'best_model'
-# The save_dirs this process owns: train_from_config takes the folder, then train() runs in it.
-_OWNED = set()
 # What --overwrite is to delete in each owned save_dir (rank 0), once the run has started.
 _PENDING = {}
 
@@ -61,9 +59,6 @@ def own_save_dir(save_dir, resume_model=None, overwrite=False, logger=None):
             resume from.
     """
     key = os.path.realpath(save_dir)
-    if key in _OWNED:
-        yield
-        return
     lock, error, in_the_way = None, None, []
     if dist.is_main_process():
         try:
@@ -79,7 +74,6 @@ def own_save_dir(save_dir, resume_model=None, overwrite=False, logger=None):
             raise error
         raise ConfigError(f'rank 0 refused --save_dir {save_dir}: its error says why '
                           '(workerlog.0 with paddle.distributed.launch).')
-    _OWNED.add(key)
     if lock is not None and in_the_way:
         _PENDING[key] = (in_the_way, logger)
     try:
@@ -88,7 +82,6 @@ def own_save_dir(save_dir, resume_model=None, overwrite=False, logger=None):
         raise Interrupted(_stopped_message(stop, save_dir, resume_model),
                           getattr(stop, 'signum', signal.SIGINT)) from None
     finally:
-        _OWNED.discard(key)
         _PENDING.pop(key, None)
         if lock is not None:
             ckpt.remove_stale_temporaries(save_dir)

@@ -629,15 +629,13 @@ def train_from_config(config, device=None, save_dir='output', iters=None, batch_
         with log_file(os.path.join(save_dir, 'train.log'), dist.is_main_process()):
             get_logger().info(f'Config {config}; Paddle {paddle.__version__}, device '
                               f'{paddle.get_device()}, {dist.world_size()} process(es).')
-            return train(model, train_dataset, optimizer, losses, iters=cfg.iters,
-                         batch_size=cfg.batch_size, val_dataset=val_dataset, save_dir=save_dir,
-                         save_interval=save_interval, log_iters=log_iters,
-                         keep_checkpoint_max=keep_checkpoint_max, num_workers=num_workers,
-                         use_vdl=use_vdl, resume_model=resume_model, seed=seed,
-                         precision=precision, amp_level=amp_level,
-                         test_config=builder.test_config,
-                         sync_bn=bool(cfg.dic.get('sync_bn', True)),
-                         recipe_batch_size=_recipe_batch_size(config))
+            # The folder is owned and train.log open already: train()'s body, not train().
+            setup_logging(dist.is_main_process())
+            return _train(model, train_dataset, optimizer, losses, cfg.iters, cfg.batch_size,
+                          val_dataset, save_dir, save_interval, log_iters, keep_checkpoint_max,
+                          num_workers, use_vdl, resume_model, seed, precision, amp_level,
+                          builder.test_config, bool(cfg.dic.get('sync_bn', True)), None,
+                          _recipe_batch_size(config))
 
 
 def _recipe_batch_size(config):
