@@ -6,9 +6,8 @@
         --psa_impl paddle --onnx
 """
 import argparse
-import sys
 
-from psanet.cli import run_cli
+from psanet.cli import exit_with, run_cli
 from psanet.export import export_from_config
 
 
@@ -38,4 +37,4 @@ def parse_args(argv=None):
 
 
 if __name__ == '__main__':
-    sys.exit(run_cli(export_from_config, **vars(parse_args())))
+    exit_with(run_cli(export_from_config, **vars(parse_args())))

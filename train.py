@@ -7,14 +7,13 @@
         --config configs/psanet/psanet_resnet50_os8_cityscapes_1024x512_80k.yml --batch_size 2 --do_eval
 """
 import argparse
-import sys
 import warnings
 
 # A harmless notice of Paddle's would sit between the user and a one-line error
 # (psanet.compat filters Paddle's ccache notice).
 warnings.filterwarnings('ignore', message='When training, we now always track')
 
-from psanet.cli import run_cli  # noqa: E402
+from psanet.cli import exit_with, run_cli  # noqa: E402
 from psanet.core.train import train_from_config  # noqa: E402
 
 
@@ -57,4 +56,4 @@ def parse_args(argv=None):
 
 
 if __name__ == '__main__':
-    sys.exit(run_cli(train_from_config, **vars(parse_args())))
+    exit_with(run_cli(train_from_config, **vars(parse_args())))

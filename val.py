@@ -7,14 +7,13 @@
         csEvalPixelLevelSemanticLabeling
 """
 import argparse
-import sys
 import warnings
 
 # A harmless notice of Paddle's would sit between the user and a one-line error
 # (psanet.compat filters Paddle's ccache notice).
 warnings.filterwarnings('ignore', message='When training, we now always track')
 
-from psanet.cli import add_inference_flags, run_cli  # noqa: E402
+from psanet.cli import add_inference_flags, exit_with, run_cli  # noqa: E402
 from psanet.core.val import evaluate_from_config  # noqa: E402
 
 
@@ -37,4 +36,4 @@ def parse_args(argv=None):
 
 
 if __name__ == '__main__':
-    sys.exit(run_cli(evaluate_from_config, **vars(parse_args())))
+    exit_with(run_cli(evaluate_from_config, **vars(parse_args())))

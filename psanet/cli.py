@@ -10,6 +10,7 @@ and keeps its traceback. Ctrl-C and SIGTERM (what job schedulers send) become
 The inputs themselves are checked by the library functions the scripts call.
 """
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -18,7 +19,7 @@ import threading
 from psanet.errors import Interrupted, UserError
 from psanet.log import setup_logging
 
-__all__ = ['run_cli', 'sigterm_raises', 'add_inference_flags']
+__all__ = ['exit_with', 'run_cli', 'sigterm_raises', 'add_inference_flags']
 
 
 @contextlib.contextmanager
@@ -73,6 +74,27 @@ def run_cli(function, *args, **kwargs):
         print(f'error: {message}', file=sys.stderr, flush=True)
         return getattr(stop, 'exit_code', 130)
     return 0
+
+
+def exit_with(code):
+    """Ends the process with ``code``, the command lines' last call.
+
+    After Ctrl-C or SIGTERM (130, 143) the process ends at once, once its output
+    is flushed: the training's ``finally`` blocks have run (checkpoints whole,
+    temporaries gone), but Paddle's C++ teardown of a process stopped mid-step
+    can abort ("terminate called without an active exception"), which would
+    turn exit 143 into a SIGABRT. Worker processes are ended first, as a normal
+    exit would. Any other code exits normally.
+    """
+    if code in (130, 143):
+        import multiprocessing
+        for child in multiprocessing.active_children():  # DataLoader workers
+            child.terminate()
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 def add_inference_flags(parser, aug_flag):

@@ -429,8 +429,22 @@ runpy.run_path({train!r}, run_name='__main__')
 '''
 
 
+def _processes_mentioning(text):
+    """Pids of live processes whose command line holds ``text`` (Linux /proc)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir('/proc')):
+        try:
+            with open(f'/proc/{pid}/cmdline', 'rb') as f:
+                if text.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.parametrize('num_workers', [0, 2])
 def test_sigterm_ends_train_py_with_one_line_and_whole_checkpoints(tmp_path, capsys,
-                                                                  toy_config):
+                                                                  toy_config, num_workers):
     save_dir = str(tmp_path / 'out')
     script = tmp_path / 'train_tiny.py'
     script.write_text(TRAIN_PY.format(tests=TESTS, repo=ROOT,
@@ -438,7 +452,7 @@ def test_sigterm_ends_train_py_with_one_line_and_whole_checkpoints(tmp_path, cap
     process = subprocess.Popen(
         [sys.executable, str(script), '--config', toy_config, '--device', 'cpu', '--save_dir',
          save_dir, '--iters', '1000000', '--save_interval', '2', '--keep_checkpoint_max', '3',
-         '--log_iters', '1000', '--seed', '0'],
+         '--log_iters', '1000', '--seed', '0', '--num_workers', str(num_workers)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 300  # a guard against hanging, not a measurement
@@ -453,6 +467,11 @@ def test_sigterm_ends_train_py_with_one_line_and_whole_checkpoints(tmp_path, cap
             process.kill()
     assert process.returncode == 143, err[-3000:]
     assert 'Traceback' not in err and 'FatalError' not in err, err[-3000:]
+    # No DataLoader worker outlives the run (they are forks: their command line is its).
+    deadline = time.monotonic() + 30  # a guard against hanging, not a measurement
+    while _processes_mentioning(save_dir) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _processes_mentioning(save_dir)
     lines = [line for line in err.splitlines() if line.strip()]
     assert lines[-1].startswith('error: training stopped by SIGTERM; its last checkpoint is ')
     last = lines[-1].split('--resume_model ')[1]

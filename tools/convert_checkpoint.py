@@ -18,7 +18,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from psanet.cli import run_cli  # noqa: E402
+from psanet.cli import exit_with, run_cli  # noqa: E402
 from psanet.core.checkpoint import convert_reproduction_file  # noqa: E402
 from psanet.log import get_logger  # noqa: E402
 
@@ -41,4 +41,4 @@ def convert(src, dst, config):
 
 
 if __name__ == '__main__':
-    sys.exit(run_cli(convert, **vars(parse_args())))
+    exit_with(run_cli(convert, **vars(parse_args())))

@@ -12,7 +12,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..'))
 
-from psanet.cli import run_cli  # noqa: E402
+from psanet.cli import exit_with, run_cli  # noqa: E402
 from psanet.deploy.infer_images import infer  # noqa: E402
 
 
@@ -52,4 +52,4 @@ def parse_args(argv=None):
 
 
 if __name__ == '__main__':
-    sys.exit(run_cli(infer, **vars(parse_args())))
+    exit_with(run_cli(infer, **vars(parse_args())))
