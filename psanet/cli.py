@@ -6,47 +6,18 @@ deploy/python/infer.py) parse flags and call their work through
 a :class:`~psanet.errors.UserError` becomes one readable ``error: ...`` line
 on stderr and exit code 2, without a traceback; any other exception is a bug
 and keeps its traceback. Ctrl-C and SIGTERM (what job schedulers send) become
-:class:`~psanet.errors.Interrupted`, one line and exit code 130 or 143.
+:class:`~psanet.errors.Interrupted` (:mod:`psanet.interrupts`), one line and exit
+code 130 or 143.
 The inputs themselves are checked by the library functions the scripts call.
 """
-import contextlib
-import logging
 import os
-import signal
 import sys
-import threading
 
+from psanet import interrupts
 from psanet.errors import Interrupted, UserError
 from psanet.log import setup_logging
 
-__all__ = ['exit_with', 'run_cli', 'sigterm_raises', 'add_inference_flags']
-
-
-@contextlib.contextmanager
-def sigterm_raises():
-    """Within the block SIGTERM raises :class:`Interrupted` in the main thread, as Ctrl-C does.
-
-    Without it Paddle's handler prints a C++ stack and ``FatalError: Termination
-    signal``, and no ``finally`` or ``except`` runs. A forked child (a DataLoader
-    worker) inherits the handler; the signal ends it as if there were none.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    owner = os.getpid()
-
-    def handler(signum, frame):
-        if os.getpid() != owner:
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-            return
-        raise Interrupted(f'stopped by {signal.Signals(signum).name}', signum)
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+__all__ = ['exit_with', 'run_cli', 'add_inference_flags']
 
 
 def run_cli(function, *args, **kwargs):
@@ -63,16 +34,24 @@ def run_cli(function, *args, **kwargs):
         int: the process exit code.
     """
     setup_logging()
-    try:
-        with sigterm_raises():
+    with interrupts.signals_raise():
+        try:
             function(*args, **kwargs)
-    except UserError as error:
-        print(f'error: {error}', file=sys.stderr, flush=True)
-        return 2
-    except KeyboardInterrupt as stop:
-        message = stop if isinstance(stop, Interrupted) else 'interrupted (Ctrl-C)'
-        print(f'error: {message}', file=sys.stderr, flush=True)
-        return getattr(stop, 'exit_code', 130)
+        except UserError as error:
+            print(f'error: {error}', file=sys.stderr, flush=True)
+            return 2
+        except KeyboardInterrupt as stop:
+            message = stop if isinstance(stop, Interrupted) else 'interrupted (Ctrl-C)'
+            print(f'error: {message}', file=sys.stderr, flush=True)
+            return getattr(stop, 'exit_code', 130)
+        except Exception:
+            signum = interrupts.pending()
+            if signum is None:
+                raise
+            # What the signal broke on its way (a DataLoader whose workers it ended).
+            stop = interrupts.interrupted_error(signum)
+            print(f'error: {stop}', file=sys.stderr, flush=True)
+            return stop.exit_code
     return 0
 
 
@@ -83,14 +62,23 @@ def exit_with(code):
     is flushed: the training's ``finally`` blocks have run (checkpoints whole,
     temporaries gone), but Paddle's C++ teardown of a process stopped mid-step
     can abort ("terminate called without an active exception"), which would
-    turn exit 143 into a SIGABRT. Worker processes are ended first, as a normal
+    turn exit 143 into a SIGABRT. Worker processes are ended and the exit
+    functions run first (Paddle's clean-up of /dev/shm among them), as a normal
     exit would. Any other code exits normally.
     """
     if code in (130, 143):
+        import atexit
         import multiprocessing
-        for child in multiprocessing.active_children():  # DataLoader workers
-            child.terminate()
-        logging.shutdown()
+        import time
+        # DataLoader workers ignore signals (psanet.interrupts.worker_init) and end once
+        # the loader is shut down; kill those that have not ended within seconds.
+        deadline = time.monotonic() + 5
+        for child in multiprocessing.active_children():
+            child.join(max(deadline - time.monotonic(), 0))
+            if child.is_alive():
+                child.kill()
+                child.join(1)
+        atexit._run_exitfuncs()  # logging's flush, Paddle's shared-memory clean-up
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

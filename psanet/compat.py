@@ -49,6 +49,13 @@ that need it; the check that turns it off; where it lives.
    which Paddle >= 2.6 refuses. PaddleSeg #3556. Paddle >= 2.6 with
    paddleseg 2.8.0. ``PADDLESEG_CALCULATE_AREA.needed()``: only on paddleseg
    2.8.0. ``calculate_area``, applied by ``apply_paddleseg_fixes``.
+10. A DataLoader iterator left before its end (an exception, a signal) is
+   never shut down: its reader thread refers to it, so its ``__del__`` does
+   not run, and at exit Paddle shuts down only the last loader; its workers
+   and thread live on (and an interrupted run then waits for them or leaves
+   their shared memory in /dev/shm). ``shut_down_loader`` calls the
+   iterator's private ``_try_shutdown_all``. None filed. Paddle 3.x (3.3.1).
+   No check: it does what the end of an epoch does. psanet/core/loader.py.
 
 Issues: https://github.com/PaddlePaddle/Paddle/issues/<n> and
 https://github.com/PaddlePaddle/PaddleSeg/issues/<n>.
@@ -80,7 +87,8 @@ import paddle  # noqa: E402
 
 __all__ = ['Workaround', 'MEMORY_OPTIM', 'ONEDNN_PLACEMENT', 'PADDLESEG_CROSS_ENTROPY',
            'PADDLESEG_CALCULATE_AREA', 'configure_inference', 'apply_paddleseg_fixes',
-           'cross_entropy_post_process_loss', 'calculate_area', 'FIXES', 'ORIGINALS']
+           'cross_entropy_post_process_loss', 'calculate_area', 'FIXES', 'ORIGINALS',
+           'shut_down_loader']
 
 _ISSUES = 'https://github.com/PaddlePaddle/{}/issues/{}'
 
@@ -122,6 +130,24 @@ ONEDNN_PLACEMENT_PASS = 'onednn_placement_pass'
 PADDLESEG_CROSS_ENTROPY = Workaround('none filed', first=(3, 0), paddleseg=(2, 8, 0))
 PADDLESEG_CALCULATE_AREA = Workaround(_ISSUES.format('PaddleSeg', 3556), first=(2, 6),
                                       paddleseg=(2, 8, 0))
+
+
+# ----------------------------------------------------------------- data loading
+
+def shut_down_loader(iterator, timeout=5.0):
+    """Ends the worker processes and thread of a DataLoader iterator left early (10).
+
+    Args:
+        iterator: what ``iter(paddle.io.DataLoader(...))`` returned.
+        timeout (float, optional): seconds to wait for each worker to end. Default: 5.
+    """
+    shut_down = getattr(iterator, '_try_shutdown_all', None)
+    if shut_down is None:
+        return
+    try:
+        shut_down(timeout)
+    except TypeError:  # the single-process iterator takes no timeout
+        shut_down()
 
 
 # ----------------------------------------------------------------- inference

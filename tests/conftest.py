@@ -8,10 +8,12 @@ No test relies on an earlier one having run: what several tests need is a
 fixture here or in their module. To check, run a file's tests in reverse order:
 ``PSANET_TEST_REVERSE=1 python -m pytest -p no:cacheprovider tests/test_x.py``.
 """
+import contextlib
 import glob
 import importlib.util
 import math
 import os
+import signal
 import subprocess
 import sys
 
@@ -26,6 +28,64 @@ MINI_CONFIG, = glob.glob(os.path.join(ROOT, 'configs', 'psanet', '*mini*.yml'))
 
 
 INFER_SCRIPT = os.path.join(ROOT, 'deploy', 'python', 'infer.py')
+
+
+# ---------------------------------------------------------------------------
+# Subprocesses that cannot hang the suite
+# ---------------------------------------------------------------------------
+
+def kill_group(process):
+    """Kills ``process`` and every process of its group (DataLoader workers, a compiler)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    process.wait()
+
+
+@contextlib.contextmanager
+def started_process(args, **kwargs):
+    """subprocess.Popen in a process group of its own, killed with its group when the
+    block is left while it still runs (a failed assertion, a timeout)."""
+    process = subprocess.Popen(args, start_new_session=True, **kwargs)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            kill_group(process)
+        for stream in (process.stdin, process.stdout, process.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def finish(process, timeout, input=None):
+    """``process.communicate(input, timeout)`` for a process started in a group of its own
+    (``start_new_session=True``): past ``timeout`` the group is killed and the test fails."""
+    try:
+        return process.communicate(input, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(process)
+        out, err = process.communicate()
+        pytest.fail(f'{process.args} ran longer than {timeout} s; killed with its process '
+                    f'group. stdout: {str(out)[-3000:]}\nstderr: {str(err)[-3000:]}')
+    except BaseException:
+        kill_group(process)
+        raise
+
+
+def run_process(args, timeout=600, check=False, capture_output=False, input=None, **kwargs):
+    """subprocess.run in a process group of its own. Past ``timeout`` seconds the whole
+    group is killed and the test fails, naming the command and what it printed."""
+    if capture_output:
+        kwargs['stdout'] = kwargs['stderr'] = subprocess.PIPE
+    if input is not None:
+        kwargs['stdin'] = subprocess.PIPE
+    with started_process(args, **kwargs) as process:
+        out, err = finish(process, timeout, input)
+    done = subprocess.CompletedProcess(args, process.returncode, out, err)
+    if check:
+        done.check_returncode()
+    return done
 
 
 def infer_in_process(capfd, *args):
@@ -226,8 +286,8 @@ def tipc_lite_data():
     """test_tipc/prepare.sh lite_train_lite_infer, once per session: the mini Cityscapes
     in test_tipc/data/cityscapes (where the txt points) and the op built. Returns the
     script's output."""
-    result = subprocess.run(['bash', 'test_tipc/prepare.sh', TIPC_TXT, 'lite_train_lite_infer'],
-                            cwd=ROOT, env=tipc_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, timeout=600)
+    result = run_process(['bash', 'test_tipc/prepare.sh', TIPC_TXT, 'lite_train_lite_infer'],
+                         cwd=ROOT, env=tipc_env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, timeout=600)
     assert result.returncode == 0, result.stdout
     return result.stdout

@@ -15,7 +15,7 @@ import paddle
 import pytest
 from cityscapesscripts.helpers.labels import id2label, trainId2label
 
-from conftest import ROOT
+from conftest import ROOT, run_process
 from psanet.core.metrics import class_areas, summarize
 from psanet.data.prepare_cityscapes import train_ids_to_label_ids
 
@@ -83,8 +83,8 @@ def run_readme_command(tmp_path, mini_cityscapes):
     pairs = predictions_from_ground_truth(dataset_root, results_dir)
     env = {k: v for k, v in os.environ.items() if not k.startswith('CITYSCAPES_')}
     env['PATH'] = os.path.dirname(sys.executable) + os.pathsep + env.get('PATH', '')
-    done = subprocess.run(line, shell=True, cwd=str(work), env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=300)
+    done = run_process(line, shell=True, cwd=str(work), env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=300)
     assert done.returncode == 0, done.stdout
     export_dir = (str(work / assignments['CITYSCAPES_EXPORT_DIR'])
                   if 'CITYSCAPES_EXPORT_DIR' in assignments

@@ -9,6 +9,7 @@ import pytest
 from paddleseg.models.losses import CrossEntropyLoss
 from paddleseg.utils import metrics
 
+from conftest import run_process
 from predictor_helpers import cpu_config, predict
 from psanet import compat
 
@@ -189,8 +190,8 @@ def test_importing_compat_imports_no_paddleseg():
             f'spec = importlib.util.spec_from_file_location("compat", {compat.__file__!r}); '
             'module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module); '
             'print(sorted(m for m in ("paddleseg", "psanet") if m in sys.modules))')
-    result = subprocess.run([sys.executable, '-c', code], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    result = run_process([sys.executable, '-c', code], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split('\n')[-2] == '[]', result.stdout
     assert 'ccache' not in result.stderr.lower(), result.stderr

@@ -1,11 +1,10 @@
 """The data tools refuse a file where a folder belongs in one line, and leave the file alone."""
 import os
-import subprocess
 import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, run_process
 from psanet.data import check_dataset_config, generate_mini_cityscapes
 from psanet.errors import DatasetError
 
@@ -20,8 +19,8 @@ def a_file(tmp_path):
 
 
 def run_tool(script, *args):
-    done = subprocess.run([sys.executable, os.path.join(ROOT, 'tools', script)] + list(args),
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = run_process([sys.executable, os.path.join(ROOT, 'tools', script)] + list(args),
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode != 0, done.stderr[-2000:]
     assert len(lines) == 1 and lines[0].startswith('error: '), done.stderr

@@ -20,7 +20,7 @@ from psanet.deploy.predictor import PaddleRunner
 from psanet.deploy.processing import postprocess, preprocess
 from psanet.deploy.timing import StageTimer
 from psanet.errors import DeployError
-from conftest import INFER_SCRIPT as INFER
+from conftest import INFER_SCRIPT as INFER, run_process
 from conftest import MINI_PSANET_RTOL, ROOT, assert_logits_agree
 from conftest import infer_in_process as conftest_infer_in_process
 from engine_helpers import mini_psanet_for_eval
@@ -48,9 +48,9 @@ def assert_labels_agree(labels, logits, what):
 
 def run_infer(*args, env=None):
     """deploy/python/infer.py in a fresh process: (exit code, output)."""
-    result = subprocess.run([sys.executable, INFER] + [str(a) for a in args], cwd=ROOT,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, timeout=300)
+    result = run_process([sys.executable, INFER] + [str(a) for a in args], cwd=ROOT,
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, timeout=300)
     return result.returncode, result.stdout
 
 
@@ -165,9 +165,9 @@ def test_pure_paddle_export_runs_without_the_op_library(setup, tmp_path, mkldnn)
     np.save(out + '.in.npy', x)
     env = env_without_op_library(tmp_path)
     env['PYTHONPATH'] = ROOT
-    result = subprocess.run([sys.executable, '-c', PURE_PADDLE_SCRIPT, dirs['paddle'], out,
-                             mkldnn], cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, timeout=300)
+    result = run_process([sys.executable, '-c', PURE_PADDLE_SCRIPT, dirs['paddle'], out,
+                          mkldnn], cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, timeout=300)
     assert result.returncode == 0, result.stdout
     assert 'NO_LIBRARY' in result.stdout
     with paddle.no_grad():

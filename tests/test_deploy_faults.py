@@ -2,14 +2,13 @@
 export files, a --save_dir that is a file, and unreadable images among good ones."""
 import os
 import shutil
-import subprocess
 import sys
 
 import cv2
 import numpy as np
 import pytest
 
-from conftest import INFER_SCRIPT as INFER
+from conftest import INFER_SCRIPT as INFER, run_process
 from conftest import MINI_PSANET_RTOL, ROOT, infer_in_process
 from engine_helpers import assert_saved_masks_agree, mini_psanet_for_eval
 from psanet.deploy.config import check_params_file
@@ -75,9 +74,9 @@ def test_cut_short_parameters_on_the_command_line(exported, tmp_path):
     _, save_dir = exported
     deploy = copy_export(save_dir, str(tmp_path / 'cut'), cut_params=1000000)
     image = write_image(tmp_path / 'a.png', 0)
-    done = subprocess.run([sys.executable, INFER, '--config', deploy, '--image_path', image,
-                           '--save_dir', str(tmp_path / 'out')], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    done = run_process([sys.executable, INFER, '--config', deploy, '--image_path', image,
+                        '--save_dir', str(tmp_path / 'out')], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
     assert done.returncode == 2
     errors = [line for line in done.stderr.splitlines() if line.startswith('error:')]
     assert len(errors) == 1 and 'Traceback' not in done.stderr

@@ -6,14 +6,13 @@ with a single-process evaluation in this process.
 """
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
 import paddle
 
 import engine_helpers as helpers
-from conftest import ROOT, TINY_SEGNET_RTOL, clear_margin_pixels
+from conftest import ROOT, TINY_SEGNET_RTOL, clear_margin_pixels, run_process
 from psanet.core.checkpoint import load_model_weights, save_checkpoint
 from psanet.core.config import ComponentBuilder, load_config
 from psanet.core.val import evaluate
@@ -99,7 +98,7 @@ def test_two_processes(tmp_path):
     worker.write_text(WORKER.format(tests=TESTS, repo=ROOT))
     out = tmp_path / 'out'
     os.makedirs(out)
-    done = subprocess.run(
+    done = run_process(
         [sys.executable, '-m', 'paddle.distributed.launch', '--nproc_per_node', '2',
          '--log_dir', str(tmp_path / 'log'), str(worker), str(out), config,
          str(tmp_path / 'weights')],

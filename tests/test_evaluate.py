@@ -3,7 +3,6 @@ import glob
 import logging
 import os
 import re
-import subprocess
 import sys
 
 import cv2
@@ -14,7 +13,7 @@ import paddle.nn.functional as F
 import pytest
 
 import engine_helpers as helpers
-from conftest import FLOAT32_EPS, MINI_CONFIG, ROOT, TINY_SEGNET_RTOL, clear_margin_pixels
+from conftest import FLOAT32_EPS, MINI_CONFIG, ROOT, TINY_SEGNET_RTOL, clear_margin_pixels, run_process
 from psanet.cli import run_cli
 from psanet.core import inference as infer
 from psanet.core.checkpoint import save_checkpoint
@@ -376,11 +375,11 @@ def test_bad_model_path_is_a_clear_error(tmp_path, toy, capsys):
 def test_val_py_exit_code_on_bad_model_path(tmp_path, mini_cityscapes):
     root = mini_cityscapes
     missing = str(tmp_path / 'nope' / 'model.pdparams')
-    done = subprocess.run([sys.executable, os.path.join(ROOT, 'val.py'), '--config', MINI_CONFIG,
-                           '--model_path', missing, '--device', 'cpu', '--opts',
-                           f'val_dataset.dataset_root={root}',
-                           f'train_dataset.dataset_root={root}'],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = run_process([sys.executable, os.path.join(ROOT, 'val.py'), '--config', MINI_CONFIG,
+                        '--model_path', missing, '--device', 'cpu', '--opts',
+                        f'val_dataset.dataset_root={root}',
+                        f'train_dataset.dataset_root={root}'],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.startswith(f'error: --model_path {missing} does not exist'), done.stderr
     assert 'Traceback' not in done.stderr

@@ -15,7 +15,7 @@ from psanet.deploy.config import DeployConfig, graph_holds_custom_op
 from psanet.deploy.predictor import OnnxRunner, PaddleRunner
 from psanet.errors import DeployError
 from conftest import (MINI_CONFIG, MINI_PSANET_RTOL, ROOT, assert_logits_agree,
-                      clear_margin_pixels)
+                      clear_margin_pixels, run_process)
 from engine_helpers import build_config_model
 from psanet.export import export_model, parse_input_shape
 
@@ -206,11 +206,11 @@ def test_compare_with_dygraph_tells_a_different_model_apart(exported, tmp_path):
 
 
 def test_export_command_line_exits_2_on_a_missing_model(tmp_path):
-    result = subprocess.run([sys.executable, 'export.py', '--config', MINI_CONFIG,
-                             '--model_path', 'no/such/model.pdparams',
-                             '--save_dir', str(tmp_path / 'out')], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            timeout=300)
+    result = run_process([sys.executable, 'export.py', '--config', MINI_CONFIG,
+                          '--model_path', 'no/such/model.pdparams',
+                          '--save_dir', str(tmp_path / 'out')], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         timeout=300)
     assert result.returncode == 2, result.stdout
     assert 'does not exist' in result.stdout
 

@@ -8,26 +8,26 @@ function alike); the others import in a fresh interpreter and look at
 import ast
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, run_process
 
 PACKAGE = os.path.join(ROOT, 'psanet')
 # Leaves: what every layer may import. errors and log import nothing of ours;
-# contract raises errors, cli runs commands with errors and log.
+# contract and interrupts raise errors, cli runs commands with errors, log and interrupts.
 LEAVES = {
     'psanet.errors': set(),
     'psanet.compat': set(),
     'psanet.log': set(),
     'psanet.contract': {'psanet.errors'},
-    'psanet.cli': {'psanet.errors', 'psanet.log'},
+    'psanet.interrupts': {'psanet.errors'},
+    'psanet.cli': {'psanet.errors', 'psanet.log', 'psanet.interrupts'},
 }
 # What the deploy runtime may import besides itself.
-RUNTIME_MAY_IMPORT = {'psanet.compat', 'psanet.contract', 'psanet.errors', 'psanet.log',
-                      'psanet.ops.loader'}
+RUNTIME_MAY_IMPORT = {'psanet.compat', 'psanet.contract', 'psanet.errors', 'psanet.interrupts',
+                      'psanet.log', 'psanet.ops.loader'}
 # What importing the runtime must not load: the engine, the data tools, export.
 ENGINE_PREFIXES = ('psanet.core', 'psanet.data', 'psanet.export')
 
@@ -126,8 +126,8 @@ def _loaded_after(code):
     probe = code + ('\nimport json, sys\n'
                     'print(json.dumps(sorted(m for m in sys.modules '
                     "if m == 'psanet' or m.startswith('psanet.'))))")
-    result = subprocess.run([sys.executable, '-c', probe], cwd=ROOT, capture_output=True,
-                            text=True, timeout=300)
+    result = run_process([sys.executable, '-c', probe], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1])
 

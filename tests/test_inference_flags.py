@@ -6,12 +6,11 @@
 """
 import os
 import re
-import subprocess
 import sys
 
 import pytest
 
-from conftest import MINI_CONFIG, ROOT
+from conftest import MINI_CONFIG, ROOT, run_process
 import val
 from psanet.core.val import check_inference_flags
 from psanet.errors import ConfigError
@@ -108,9 +107,9 @@ def test_predict_names_its_own_flag():
 def test_val_py_refuses_scales_without_aug_eval(tmp_path):
     weights = tmp_path / 'model.pdparams'
     weights.write_bytes(b'never read: the flags are checked first')
-    done = subprocess.run([sys.executable, os.path.join(ROOT, 'val.py'), '--config', MINI_CONFIG,
-                           '--model_path', str(weights), '--device', 'cpu', '--scales', '-0.5'],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = run_process([sys.executable, os.path.join(ROOT, 'val.py'), '--config', MINI_CONFIG,
+                        '--model_path', str(weights), '--device', 'cpu', '--scales', '-0.5'],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr[-2000:]
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, done.stderr

@@ -21,7 +21,7 @@ from PIL import Image
 
 import engine_helpers as helpers
 from conftest import (MINI_CONFIG, MINI_PSANET_RTOL, TINY_SEGNET_RTOL,
-                      assert_logits_agree, infer_in_process)
+                      assert_logits_agree, infer_in_process, run_process)
 from psanet.core import inference
 
 
@@ -82,10 +82,10 @@ print(json.dumps({'mkldnn': pred_cfg.mkldnn_enabled(), 'outputs': outputs,
 
 
 def run_paddleseg_infer(deploy_yaml, save_dir, enable_mkldnn, batch_size, images, cwd):
-    result = subprocess.run([sys.executable, '-c', PADDLESEG_INFER, deploy_yaml, save_dir,
-                             enable_mkldnn, str(batch_size)] + images, cwd=cwd,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            timeout=300)
+    result = run_process([sys.executable, '-c', PADDLESEG_INFER, deploy_yaml, save_dir,
+                          enable_mkldnn, str(batch_size)] + images, cwd=cwd,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 

@@ -2,7 +2,6 @@
 import os
 import re
 import shutil
-import subprocess
 import sys
 
 import cv2
@@ -13,7 +12,7 @@ from PIL import Image
 
 import engine_helpers as helpers
 from conftest import (MINI_CONFIG, ROOT, TINY_SEGNET_RTOL, assert_logits_agree,
-                      clear_margin_pixels)
+                      clear_margin_pixels, run_process)
 from psanet.core.checkpoint import save_checkpoint
 from psanet.cli import run_cli
 from psanet.contract import color_map, get_image_list
@@ -195,11 +194,11 @@ def test_predict_py_runs(tmp_path, mini_cityscapes):
     save_checkpoint(str(tmp_path / 'weights'), model)
     images = os.path.join(root, 'leftImg8bit', 'val')
     out = str(tmp_path / 'out')
-    done = subprocess.run([sys.executable, os.path.join(ROOT, 'predict.py'), '--config',
-                           MINI_CONFIG, '--model_path', str(tmp_path / 'weights'),
-                           '--image_path', images, '--save_dir', out, '--device', 'cpu',
-                           '--opts'] + opts,
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = run_process([sys.executable, os.path.join(ROOT, 'predict.py'), '--config',
+                        MINI_CONFIG, '--model_path', str(tmp_path / 'weights'),
+                        '--image_path', images, '--save_dir', out, '--device', 'cpu',
+                        '--opts'] + opts,
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     for image in get_image_list(images):
         relative = image[1]

@@ -4,7 +4,6 @@ own explanation of a failed allocation."""
 import math
 import os
 import re
-import subprocess
 import sys
 
 import cv2
@@ -15,7 +14,7 @@ import yaml
 from paddleseg.models.backbones import ResNet18_vd
 from PIL import Image
 
-from conftest import MINI_CONFIG, MINI_PSANET_RTOL, ROOT
+from conftest import MINI_CONFIG, MINI_PSANET_RTOL, ROOT, run_process
 from engine_helpers import assert_saved_masks_agree, mini_psanet_for_eval
 from psanet.cli import run_cli
 from psanet.core import inference as infer
@@ -268,10 +267,10 @@ def test_predict_py_save_dir_that_is_a_file(mini, tmp_path):
     taken = tmp_path / 'taken.png'
     write_image(taken, (96, 64))
     before = taken.read_bytes()
-    done = subprocess.run([sys.executable, os.path.join(ROOT, 'predict.py'), '--config',
-                           MINI_CONFIG, '--model_path', weights, '--image_path', str(taken),
-                           '--save_dir', str(taken), '--device', 'cpu'], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    done = run_process([sys.executable, os.path.join(ROOT, 'predict.py'), '--config',
+                        MINI_CONFIG, '--model_path', weights, '--image_path', str(taken),
+                        '--save_dir', str(taken), '--device', 'cpu'], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         f'error: --save_dir {taken} is a file, not a folder: pass a folder (it is created '

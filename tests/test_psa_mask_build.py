@@ -21,7 +21,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, finish, run_process
 from psanet.ops import build
 from psa_mask_reference import reference_forward
 
@@ -52,8 +52,8 @@ needs_binutils = pytest.mark.skipif(
 
 def nvcc_archs(nvcc):
     """`nvcc --list-gpu-arch`, read here independently of psanet.ops.build."""
-    listing = subprocess.run([nvcc, '--list-gpu-arch'], capture_output=True, text=True,
-                             check=True).stdout
+    listing = run_process([nvcc, '--list-gpu-arch'], capture_output=True, text=True,
+                          check=True).stdout
     return sorted({int(n) for n in re.findall(r'compute_(\d+)', listing)})
 
 
@@ -331,7 +331,7 @@ def test_cuda_paddle_without_nvcc_runs_the_op_on_the_cpu(tmp_path):
         print(build.source_hash())
     '''
     process = start_python(tmp_path / 'cache', script, NVCC=str(tmp_path / 'no-such-nvcc'))
-    stdout, stderr = process.communicate(timeout=600)
+    stdout, stderr = finish(process, 600)
     assert process.returncode == 0, stderr[-3000:]
     library, fallback_key, cpu_key = stdout.split()[-3:]
     assert library == str(tmp_path / 'cache' / fallback_key / (build.LIBRARY_NAME + '.so'))
@@ -339,8 +339,8 @@ def test_cuda_paddle_without_nvcc_runs_the_op_on_the_cpu(tmp_path):
     warnings = warning_lines(stderr)
     assert len(warnings) == 1 and 'nvcc not found' in warnings[0], stderr[-3000:]
     if shutil.which('nm'):
-        defined = subprocess.run(['nm', '-D', '--defined-only', library],
-                                 capture_output=True, text=True, check=True).stdout
+        defined = run_process(['nm', '-D', '--defined-only', library],
+                              capture_output=True, text=True, check=True).stdout
         assert 'psa_mask_cpu_threads' in defined and 'psa_mask_cuda' not in defined
     np.testing.assert_array_equal(np.load(tmp_path / 'y.npy'), reference_forward(
         np.load(tmp_path / 'x.npy'), 'distribute', 3, 4))
@@ -381,8 +381,8 @@ def fatbin_archs(library, tmp_path):
     offset 28) each followed by its payload.
     """
     section = tmp_path / 'nv_fatbin.bin'
-    subprocess.run(['objcopy', '-O', 'binary', '--only-section=.nv_fatbin', library,
-                    str(section)], check=True)
+    run_process(['objcopy', '-O', 'binary', '--only-section=.nv_fatbin', library,
+                 str(section)], check=True)
     data = section.read_bytes()
     sass, ptx, offset = [], [], 0
     while offset + 16 <= len(data):
@@ -407,7 +407,7 @@ def cuda_library(tmp_path_factory):
     path = str(tmp_path_factory.mktemp('cuda') / (build.LIBRARY_NAME + '.so'))
     environment = dict(os.environ, GLOG_minloglevel='2')
     environment.pop('PADDLE_CUDA_ARCH_LIST', None)
-    result = subprocess.run(
+    result = run_process(
         [sys.executable, '-c', 'import sys; from psanet.ops import build; '
          'build.compile_library(sys.argv[1], with_cuda=True)', path],
         cwd=ROOT, env=environment, capture_output=True, text=True, timeout=900)
@@ -439,16 +439,16 @@ def test_cuda_library_carries_the_default_archs_nvcc_supports(cuda_library, tmp_
 @needs_binutils
 def test_cuda_library_links_the_launchers_and_cudart(cuda_library):
     path, _ = cuda_library
-    defined = subprocess.run(['nm', '-D', '-C', '--defined-only', path], capture_output=True,
-                             text=True, check=True).stdout
-    relocations = subprocess.run(['readelf', '-rW', '-C', path], capture_output=True,
-                                 text=True, check=True).stdout
+    defined = run_process(['nm', '-D', '-C', '--defined-only', path], capture_output=True,
+                          text=True, check=True).stdout
+    relocations = run_process(['readelf', '-rW', '-C', path], capture_output=True,
+                              text=True, check=True).stdout
     for launcher in ('psa_mask_cuda_forward', 'psa_mask_cuda_backward'):
         assert f' T {launcher}(paddle::Tensor const&, int, int, int)' in defined, launcher
         # psa_mask.cc dispatches to it: its call goes through the PLT.
         assert re.search(rf'JUMP_SLOT .* {launcher}\(', relocations), launcher
-    needed = subprocess.run(['readelf', '-d', path], capture_output=True, text=True,
-                            check=True).stdout
+    needed = run_process(['readelf', '-d', path], capture_output=True, text=True,
+                         check=True).stdout
     assert re.search(r'NEEDED.*\[libcudart\.so\.\d+\]', needed), needed
 
 
@@ -479,9 +479,9 @@ def test_cuda_library_loads_and_runs_the_op(cuda_library, tmp_path):
     np.save(tmp_path / 'x.npy', x)
     environment = dict(os.environ, PSANET_OPS_CACHE=str(tmp_path / 'cache'),
                        PSANET_OPS_FORCE_JIT='1', GLOG_minloglevel='2')
-    result = subprocess.run([sys.executable, '-c', textwrap.dedent(script), path,
-                             str(tmp_path / 'x.npy')], cwd=ROOT, env=environment,
-                            capture_output=True, text=True, timeout=300)
+    result = run_process([sys.executable, '-c', textwrap.dedent(script), path,
+                          str(tmp_path / 'x.npy')], cwd=ROOT, env=environment,
+                         capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert BUILD_LINE not in result.stderr
     expected = reference_forward(x, 'distribute', 3, 4)
@@ -498,7 +498,7 @@ def start_python(cache, script, **env):
                        GLOG_minloglevel='2', **env)
     return subprocess.Popen([sys.executable, '-c', textwrap.dedent(script)], cwd=ROOT,
                             env=environment, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
 @pytest.fixture(scope='module')
@@ -517,7 +517,7 @@ def shared_build(tmp_path_factory):
     '''
     cache = folder / 'cache'
     processes = [start_python(cache, script.format(folder=folder, k=k)) for k in range(2)]
-    outputs = [process.communicate(timeout=600) for process in processes]
+    outputs = [finish(process, 600) for process in processes]
     for process, (_, stderr) in zip(processes, outputs):
         assert process.returncode == 0, stderr[-3000:]
     return folder, x, [stderr for _, stderr in outputs]
@@ -537,7 +537,7 @@ def test_loading_a_built_library_prints_nothing(shared_build):
     folder, _, _ = shared_build
     process = start_python(folder / 'cache',
                            'from psanet.ops import load_library; print(load_library())')
-    stdout, stderr = process.communicate(timeout=300)
+    stdout, stderr = finish(process, 300)
     assert process.returncode == 0, stderr[-3000:]
     assert stdout.strip().startswith(str(folder / 'cache')), stdout
     assert BUILD_LINE not in stderr and 'ccache' not in stderr.lower(), stderr
@@ -554,7 +554,7 @@ def test_missing_compiler_is_one_clear_error(tmp_path):
             print(json.dumps({'error': type(error).__name__, 'message': str(error)}))
     '''
     process = start_python(tmp_path / 'cache', script, CXX='psanet-no-such-compiler')
-    stdout, stderr = process.communicate(timeout=300)
+    stdout, stderr = finish(process, 300)
     assert process.returncode == 0, stderr[-3000:]
     report = json.loads(stdout.strip().splitlines()[-1])
     assert report['error'] == 'RuntimeError'

@@ -5,7 +5,6 @@ checked against a numpy loop in test_psa_mask.py).
 """
 import json
 import os
-import subprocess
 import sys
 import textwrap
 
@@ -13,7 +12,7 @@ import numpy as np
 import paddle
 import pytest
 
-from conftest import ROOT, assert_logits_agree, reordered_sum_rtol
+from conftest import ROOT, assert_logits_agree, reordered_sum_rtol, run_process
 from predictor_helpers import cpu_config, predict
 from psanet.ops import load_library, psa_impl, psa_mask
 
@@ -154,8 +153,8 @@ def test_pure_paddle_export_needs_no_op_library(exported):
         assert 'psanet' not in sys.modules
         print(json.dumps({{'custom': custom}}))
     ''')
-    result = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
-                            env=dict(os.environ, GLOG_minloglevel='2'), timeout=120)
+    result = run_process([sys.executable, '-c', script], capture_output=True, text=True,
+                         env=dict(os.environ, GLOG_minloglevel='2'), timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads(result.stdout.strip().splitlines()[-1])['custom'] != 'ran'
     for k, expected in enumerate(exported['expected']):

@@ -12,7 +12,7 @@ import numpy as np
 import paddle
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, run_process
 from psa_mask_reference import reference_forward
 from predictor_helpers import cpu_config, create, run_once
 from psanet.ops import psa_mask, psa_mask_cpu_threads, psa_mask_last_cpu_threads
@@ -93,7 +93,7 @@ def test_a_new_process_takes_omp_num_threads_else_one(omp_num_threads, expected)
            if k not in ('OMP_NUM_THREADS', 'PSA_MASK_NUM_THREADS')}
     if omp_num_threads is not None:
         env['OMP_NUM_THREADS'] = omp_num_threads
-    result = subprocess.run(
+    result = run_process(
         [sys.executable, '-c', 'from psanet.ops import psa_mask_cpu_threads; '
          'print(psa_mask_cpu_threads())'],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -11,7 +11,6 @@ reference of tests/psa_mask_reference.py.
 import json
 import logging
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -21,7 +20,7 @@ import pytest
 from paddleseg.models.backbones import ResNet50_vd
 
 import psanet  # noqa: F401  (registers PSANet)
-from conftest import ROOT, assert_logits_agree, reordered_sum_rtol
+from conftest import ROOT, assert_logits_agree, reordered_sum_rtol, run_process
 from psa_mask_reference import reference_forward
 from psanet.core.checkpoint import load_model_weights
 from psanet.errors import CheckpointError
@@ -295,9 +294,9 @@ def test_model_pretrained_takes_the_raw_file(state, reproduction_file, capsys):
 
 
 def _convert_cli(src, dst):
-    return subprocess.run([sys.executable, os.path.join('tools', 'convert_checkpoint.py'),
-                           '--src', src, '--dst', dst], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)
+    return run_process([sys.executable, os.path.join('tools', 'convert_checkpoint.py'),
+                        '--src', src, '--dst', dst], cwd=ROOT, capture_output=True, text=True,
+                       timeout=600)
 
 
 def test_converter_cli_round_trip(model, state, reproduction_file, tmp_path):

@@ -8,7 +8,7 @@ import zipfile
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, run_process
 
 CHECK = r'''
 import numpy as np, paddle, sys
@@ -30,20 +30,20 @@ print('installed op:', path)
                     reason='no C++ compiler on PATH')
 def test_wheel_carries_the_op_and_the_installed_package_uses_it(tmp_path):
     wheels = tmp_path / 'wheels'
-    subprocess.run([sys.executable, '-m', 'pip', 'wheel', '--no-build-isolation', '--no-deps',
-                    '-q', '-w', str(wheels), ROOT], check=True, cwd=tmp_path)
+    run_process([sys.executable, '-m', 'pip', 'wheel', '--no-build-isolation', '--no-deps',
+                 '-q', '-w', str(wheels), ROOT], check=True, cwd=tmp_path)
     wheel, = glob.glob(str(wheels / 'psanet-*.whl'))
     names = zipfile.ZipFile(wheel).namelist()
     assert 'psanet/ops/psa_mask_op.so' in names
     assert 'psanet/models/psanet.py' in names
 
     site = tmp_path / 'site'
-    subprocess.run([sys.executable, '-m', 'pip', 'install', '--no-deps', '-q', '--target',
-                    str(site), wheel], check=True, cwd=tmp_path)
+    run_process([sys.executable, '-m', 'pip', 'install', '--no-deps', '-q', '--target',
+                 str(site), wheel], check=True, cwd=tmp_path)
     env = dict(os.environ, PYTHONPATH=str(site), PSANET_OPS_CACHE=str(tmp_path / 'no-cache'))
     env.pop('PSANET_OPS_FORCE_JIT', None)
-    result = subprocess.run([sys.executable, '-c', CHECK, str(site)], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    result = run_process([sys.executable, '-c', CHECK, str(site)], cwd=tmp_path, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert 'building the psa_mask op' not in result.stderr
     assert not (tmp_path / 'no-cache').exists()

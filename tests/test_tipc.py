@@ -7,16 +7,16 @@ import subprocess
 
 import pytest
 
-from conftest import ROOT, TIPC_TXT as TXT, tipc_env
+from conftest import ROOT, TIPC_TXT as TXT, run_process, tipc_env
 
 PREPARE = 'test_tipc/prepare.sh'
 CHAIN = 'test_tipc/test_train_inference_python.sh'
 
 
 def bash(script, txt, mode, output_dir, timeout=600):
-    result = subprocess.run(['bash', script, txt, mode], cwd=ROOT, env=tipc_env(output_dir),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            timeout=timeout)
+    result = run_process(['bash', script, txt, mode], cwd=ROOT, env=tipc_env(output_dir),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         timeout=timeout)
     return result.returncode, result.stdout
 
 

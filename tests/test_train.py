@@ -2,7 +2,6 @@
 import glob
 import json
 import os
-import subprocess
 import sys
 
 import cv2
@@ -11,7 +10,7 @@ import paddle
 import pytest
 
 import engine_helpers as helpers
-from conftest import MINI_CONFIG, ROOT, copy_dataset
+from conftest import MINI_CONFIG, ROOT, copy_dataset, run_process
 from psanet.cli import run_cli
 from psanet.core import checkpoint as ckpt
 from psanet.core.config import ComponentBuilder, load_config
@@ -325,13 +324,13 @@ def test_train_py_end_to_end_and_exit_code(tmp_path, mini_cityscapes):
     command = [sys.executable, os.path.join(ROOT, 'train.py'), '--config', path, '--device',
                'cpu', '--save_dir', save_dir, '--save_interval', '2', '--log_iters', '2',
                '--batch_size', '1', '--do_eval', '--seed', '0', '--precision', 'fp16']
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = run_process(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert '[TRAIN] epoch: 2, iter: 4/4' in done.stdout
     assert 'fp16 is ignored on CPU' in done.stdout
     assert sorted(os.listdir(save_dir)) == ['best_model', 'iter_2', 'iter_4', 'train.log']
-    bad = subprocess.run(command[:-4] + ['--opts', 'iters=oops'], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300)
+    bad = run_process(command[:-4] + ['--opts', 'iters=oops'], cwd=ROOT, capture_output=True,
+                      text=True, timeout=300)
     assert bad.returncode == 2
     assert bad.stderr.startswith('error: ') and 'Traceback' not in bad.stderr, bad.stderr
     assert 'iters must be a positive integer' in bad.stderr

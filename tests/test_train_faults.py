@@ -18,7 +18,7 @@ import paddle
 import pytest
 
 import engine_helpers as helpers
-from conftest import MINI_CONFIG, ROOT
+from conftest import MINI_CONFIG, ROOT, finish, run_process, started_process
 from psanet.cli import run_cli
 from psanet.core import checkpoint as ckpt
 from psanet.core.config import ComponentBuilder, load_config
@@ -197,19 +197,13 @@ with own_save_dir(sys.argv[1]):
 '''
 
 
-def _hold(tmp_path, save_dir):
-    script = tmp_path / 'holder.py'
-    script.write_text(HOLDER.format(tests=TESTS, repo=ROOT))
-    holder = subprocess.Popen([sys.executable, str(script), save_dir], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True, cwd=ROOT)
-    assert holder.stdout.readline().strip() == 'holding'
-    return holder
-
-
 def test_a_second_run_at_once_is_refused_naming_the_first(tmp_path, capsys, toy_config):
     save_dir = str(tmp_path / 'out')
-    holder = _hold(tmp_path, save_dir)
-    try:
+    script = tmp_path / 'holder.py'
+    script.write_text(HOLDER.format(tests=TESTS, repo=ROOT))
+    with started_process([sys.executable, str(script), save_dir], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True, cwd=ROOT) as holder:
+        assert holder.stdout.readline().strip() == 'holding'
         before = _snapshot(save_dir)
         code, error, _ = _cli(capsys, config=toy_config, save_dir=save_dir, iters=2,
                               save_interval=2)
@@ -217,7 +211,6 @@ def test_a_second_run_at_once_is_refused_naming_the_first(tmp_path, capsys, toy_
         assert f'--save_dir {save_dir} is in use by another training (pid {holder.pid} on ' \
             in error and 'another --save_dir' in error
         assert _snapshot(save_dir) == before  # no train.log, no checkpoint
-    finally:
         holder.kill()  # SIGKILL: no clean-up runs, the lock file stays
         holder.wait()
     assert os.listdir(save_dir) == ['.train.lock']
@@ -257,7 +250,7 @@ def test_two_processes_into_a_taken_save_dir_both_refuse(tmp_path, toy_config):
     before = _snapshot(save_dir)
     worker = tmp_path / 'worker.py'
     worker.write_text(WORKER.format(tests=TESTS, repo=ROOT))
-    done = subprocess.run(
+    done = run_process(
         [sys.executable, '-m', 'paddle.distributed.launch', '--nproc_per_node', '2',
          '--log_dir', str(tmp_path / 'log'), str(worker), str(tmp_path), toy_config, save_dir],
         cwd=ROOT, capture_output=True, text=True, timeout=400)
@@ -449,22 +442,18 @@ def test_sigterm_ends_train_py_with_one_line_and_whole_checkpoints(tmp_path, cap
     script = tmp_path / 'train_tiny.py'
     script.write_text(TRAIN_PY.format(tests=TESTS, repo=ROOT,
                                       train=os.path.join(ROOT, 'train.py')))
-    process = subprocess.Popen(
-        [sys.executable, str(script), '--config', toy_config, '--device', 'cpu', '--save_dir',
-         save_dir, '--iters', '1000000', '--save_interval', '2', '--keep_checkpoint_max', '3',
-         '--log_iters', '1000', '--seed', '0', '--num_workers', str(num_workers)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with started_process(
+            [sys.executable, str(script), '--config', toy_config, '--device', 'cpu', '--save_dir',
+             save_dir, '--iters', '1000000', '--save_interval', '2', '--keep_checkpoint_max', '3',
+             '--log_iters', '1000', '--seed', '0', '--num_workers', str(num_workers)],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
         deadline = time.monotonic() + 300  # a guard against hanging, not a measurement
         while not ckpt.list_checkpoints(save_dir) and process.poll() is None:
             assert time.monotonic() < deadline, 'no checkpoint appeared'
             time.sleep(0.05)
         assert process.poll() is None, process.communicate()
         process.send_signal(signal.SIGTERM)
-        out, err = process.communicate(timeout=300)
-    finally:
-        if process.poll() is None:
-            process.kill()
+        out, err = finish(process, 60)
     assert process.returncode == 143, err[-3000:]
     assert 'Traceback' not in err and 'FatalError' not in err, err[-3000:]
     # No DataLoader worker outlives the run (they are forks: their command line is its).

@@ -22,6 +22,7 @@ import cv2
 import numpy as np
 import paddle
 
+from psanet import compat, interrupts
 from psanet.data.validate import label_values, label_values_error
 from psanet.errors import ConfigError, DatasetError, unreadable_image
 
@@ -166,6 +167,26 @@ class EvalBatchSampler(paddle.io.DistributedBatchSampler):
         return len(self._indices())
 
 
+class _Loader(paddle.io.DataLoader):
+    """A DataLoader that a signal stops cleanly (:mod:`psanet.interrupts`): its workers
+    fork with signals deferred and leave them to the main process, and a pass left early
+    shuts them down."""
+
+    def __init__(self, reader, batch_sampler, num_workers):
+        super().__init__(reader, batch_sampler=batch_sampler, num_workers=num_workers,
+                         collate_fn=collate, return_list=True,
+                         worker_init_fn=interrupts.worker_init)
+
+    def __iter__(self):
+        with interrupts.deferred():
+            batches = super().__iter__()
+        try:
+            interrupts.raise_if_interrupted()
+            yield from batches
+        finally:
+            compat.shut_down_loader(batches)
+
+
 def build_train_loader(dataset, batch_size, seed, num_workers=0):
     """(loader, sampler, reader) for training; set the epoch on sampler and reader per pass."""
     reader = SampleReader(dataset, seed, dataset.num_classes, dataset.ignore_index)
@@ -175,8 +196,7 @@ def build_train_loader(dataset, batch_size, seed, num_workers=0):
             f'the training set has {len(dataset)} images, fewer than batch_size {batch_size} x '
             f'{sampler.nranks} process(es), so an epoch has no full batch: lower --batch_size or '
             'add images.')
-    loader = paddle.io.DataLoader(reader, batch_sampler=sampler, num_workers=num_workers,
-                                  collate_fn=collate, return_list=True)
+    loader = _Loader(reader, sampler, num_workers)
     return loader, sampler, reader
 
 
@@ -184,6 +204,5 @@ def build_eval_loader(dataset, num_workers=0):
     """(loader, sampler) over this rank's share of ``dataset``, one image per batch."""
     reader = SampleReader(dataset, 0, dataset.num_classes, dataset.ignore_index)
     sampler = EvalBatchSampler(reader)
-    loader = paddle.io.DataLoader(reader, batch_sampler=sampler, num_workers=num_workers,
-                                  collate_fn=collate, return_list=True)
+    loader = _Loader(reader, sampler, num_workers)
     return loader, sampler

@@ -16,14 +16,14 @@ import numpy as np
 import paddle
 from paddleseg.datasets import Cityscapes
 from paddleseg.transforms import Compose
-from paddleseg.utils import progbar
 
 from psanet.contract import (check_save_dir, color_map, get_image_list, read_images,
                              save_prediction)
+from psanet import interrupts
 from psanet.core import dist, inference
 from psanet.core.checkpoint import load_model_weights, resolve_weights_path
 from psanet.core.config import ComponentBuilder, load_config
-from psanet.core.runtime import set_device
+from psanet.core.runtime import progress_bar, set_device
 from psanet.core.val import check_inference_flags, merge_test_config
 from psanet.errors import UnreadableImagesError
 from psanet.log import get_logger
@@ -87,10 +87,9 @@ def predict(model, transforms, image_list, save_dir='output/result', aug_pred=Fa
     written, unreadable = [], []
     logger.info(f'Predicting {len(image_list)} images into {save_dir} ...')
     # PaddleSeg's predict shows this bar; only rank 0 updates it.
-    bar = progbar.Progbar(target=len(mine), verbose=1 if dist.rank() == 0 else 2) \
-        if mine else None
-    with paddle.no_grad():
+    with paddle.no_grad(), progress_bar(len(mine)) as bar:
         for image, relative in read_images(mine, unreadable, logger):
+            interrupts.raise_if_interrupted()
             data = compose({'img': image.astype('float32'), 'trans_info': []})
             tensor = paddle.to_tensor(data['img'][np.newaxis])
             if aug_pred:
@@ -109,8 +108,8 @@ def predict(model, transforms, image_list, save_dir='output/result', aug_pred=Fa
             written.append(save_prediction(pred, image, relative, save_dir, colors))
             if bar is not None and dist.rank() == 0:
                 bar.update(len(written) + len(unreadable))
-    if bar is not None and dist.rank() == 0 and len(written) + len(unreadable) < len(mine):
-        bar.update(len(mine))  # the last images could not be read
+        if bar is not None and dist.rank() == 0 and len(written) + len(unreadable) < len(mine):
+            bar.update(len(mine))  # the last images could not be read
     logger.info(f'Predicted images are saved in {os.path.join(save_dir, "added_prediction")} '
                 f'and {os.path.join(save_dir, "pseudo_color_prediction")} .')
     if unreadable:

@@ -27,6 +27,7 @@ import signal
 import socket
 import time
 
+from psanet import interrupts
 from psanet.core import checkpoint as ckpt
 from psanet.core import dist
 from psanet.errors import ConfigError, Interrupted
@@ -81,6 +82,12 @@ def own_save_dir(save_dir, resume_model=None, overwrite=False, logger=None):
     except KeyboardInterrupt as stop:
         raise Interrupted(_stopped_message(stop, save_dir, resume_model),
                           getattr(stop, 'signum', signal.SIGINT)) from None
+    except Exception:
+        if interrupts.pending() is None:
+            raise
+        # What the signal broke on its way (a DataLoader whose workers it ended).
+        stop = interrupts.interrupted_error(interrupts.pending())
+        raise Interrupted(_stopped_message(stop, save_dir, resume_model), stop.signum) from None
     finally:
         _PENDING.pop(key, None)
         if lock is not None:

@@ -1,12 +1,33 @@
-"""Device, mixed precision and BatchNorm choices shared by training, evaluation and prediction."""
+"""Device, mixed precision, BatchNorm and progress-bar choices shared by training, evaluation
+and prediction."""
 import contextlib
+import sys
 
 import paddle
 import paddle.nn as nn
 
+from psanet.core import dist
 from psanet.errors import ConfigError
 
-__all__ = ['set_device', 'on_gpu', 'amp_enabled', 'autocast', 'to_plain_batchnorm']
+__all__ = ['set_device', 'on_gpu', 'amp_enabled', 'autocast', 'to_plain_batchnorm',
+           'progress_bar']
+
+
+@contextlib.contextmanager
+def progress_bar(total, enabled=True):
+    """PaddleSeg's progress bar (on stderr; rank 0 updates it), or None when not enabled or
+    ``total`` is 0. When the block stops half-way the bar's line is ended, so that the
+    error that follows starts on a line of its own."""
+    from paddleseg.utils import progbar
+    bar = progbar.Progbar(target=total, verbose=1 if dist.rank() == 0 else 2) \
+        if enabled and total else None
+    try:
+        yield bar
+    except BaseException:
+        if bar is not None and dist.rank() == 0:
+            sys.stderr.write('\n')
+            sys.stderr.flush()
+        raise
 
 
 def set_device(device=None):

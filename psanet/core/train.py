@@ -29,6 +29,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 import paddle
 
+from psanet import interrupts
 from psanet.core import checkpoint as ckpt
 from psanet.core import dist, run_dir
 from psanet.core.config import ComponentBuilder, load_config
@@ -302,7 +303,7 @@ def train(model, train_dataset, optimizer, losses, iters, batch_size, val_datase
         ConfigError: when save_dir holds another run's checkpoints or another process
             trains in it.
         CheckpointError: when resume_model does not fit the model.
-        Interrupted: on Ctrl-C, or SIGTERM within ``psanet.cli.sigterm_raises`` (as under
+        Interrupted: on Ctrl-C, or SIGTERM within ``psanet.interrupts.signals_raise`` (as under
             ``run_cli``), naming the checkpoint to resume from.
     """
     if logger is None:
@@ -380,6 +381,7 @@ def _train_loop(run, state):
         run.reader.set_epoch(epoch)
         epoch_start_iteration = state.iteration
         for data in run.loader:
+            interrupts.raise_if_interrupted()
             reader_cost = time.time() - batch_start
             raise_if_error(data)
             state.iteration += 1
@@ -391,6 +393,7 @@ def _train_loop(run, state):
                 _log_interval(run, state.iteration, averager, step.lr)
             if state.iteration % run.save_interval == 0 or state.iteration == run.iters:
                 _evaluate_and_checkpoint(run, state)
+            interrupts.raise_if_interrupted()
             batch_start = time.time()
             if state.iteration >= run.iters:
                 break

@@ -16,14 +16,15 @@ import cv2
 import numpy as np
 import paddle
 from paddleseg.datasets import Cityscapes
-from paddleseg.utils import TimeAverager, progbar
+from paddleseg.utils import TimeAverager
 
+from psanet import interrupts
 from psanet.core import dist, inference
 from psanet.core.checkpoint import load_model_weights, resolve_weights_path
 from psanet.core.config import ComponentBuilder, load_config
 from psanet.core.loader import build_eval_loader, raise_if_error, sample_paths
 from psanet.core.metrics import class_areas, summarize
-from psanet.core.runtime import autocast, set_device
+from psanet.core.runtime import autocast, progress_bar, set_device
 from psanet.data.prepare_cityscapes import train_ids_to_label_ids
 from psanet.data.validate import IMAGE_SUFFIX
 from psanet.errors import ConfigError
@@ -131,13 +132,12 @@ def evaluate(model, dataset, aug_eval=False, scales=1.0, flip_horizontal=False, 
     total = len(sampler)
     if print_detail:
         logger.info(f'Start evaluating (total_samples: {len(dataset)}, this rank: {total})...')
-    # PaddleSeg's evaluate shows this bar; only rank 0 updates it.
-    bar = progbar.Progbar(target=total, verbose=1 if dist.rank() == 0 else 2) \
-        if print_detail and total else None
     batch_cost, reader_cost = TimeAverager(), TimeAverager()
     start = time.time()
-    with paddle.no_grad():
+    # PaddleSeg's evaluate shows this bar; only rank 0 updates it.
+    with paddle.no_grad(), progress_bar(total, print_detail) as bar:
         for step, data in enumerate(loader):
+            interrupts.raise_if_interrupted()
             reader_cost.record(time.time() - start)
             raise_if_error(data)
             image, label = data['img'], data['label']

@@ -9,6 +9,7 @@ run ends with ``UnreadableImagesError`` naming the skipped ones.
 """
 import os
 
+from psanet import interrupts
 from psanet.contract import check_save_dir, color_map, get_image_list, read_images, save_prediction
 from psanet.errors import DeployError, UnreadableImagesError
 from psanet.log import get_logger
@@ -87,6 +88,7 @@ def infer(config, image_path, save_dir='./output', batch_size=1, device='cpu', u
     written, unreadable = [], []
     for number, chunk in enumerate(_readable_batches(images, int(batch_size), unreadable,
                                                      logger, timer)):
+        interrupts.raise_if_interrupted()
         originals = [image for image, _ in chunk]
         if benchmark and number == 0:
             for _ in range(WARMUP_RUNS):
