@@ -11,11 +11,12 @@ code 130 or 143.
 The inputs themselves are checked by the library functions the scripts call.
 """
 import os
+import signal
 import sys
 
 from psanet import interrupts
 from psanet.errors import Interrupted, UserError
-from psanet.log import setup_logging
+from psanet.log import line_cut, setup_logging
 
 __all__ = ['exit_with', 'run_cli', 'add_inference_flags']
 
@@ -41,18 +42,22 @@ def run_cli(function, *args, **kwargs):
             print(f'error: {error}', file=sys.stderr, flush=True)
             return 2
         except KeyboardInterrupt as stop:
-            message = stop if isinstance(stop, Interrupted) else 'interrupted (Ctrl-C)'
-            print(f'error: {message}', file=sys.stderr, flush=True)
-            return getattr(stop, 'exit_code', 130)
+            return _interrupted(stop if isinstance(stop, Interrupted) else
+                                interrupts.interrupted_error(signal.SIGINT))
         except Exception:
             signum = interrupts.pending()
             if signum is None:
                 raise
             # What the signal broke on its way (a DataLoader whose workers it ended).
-            stop = interrupts.interrupted_error(signum)
-            print(f'error: {stop}', file=sys.stderr, flush=True)
-            return stop.exit_code
+            return _interrupted(interrupts.interrupted_error(signum))
     return 0
+
+
+def _interrupted(stop):
+    if line_cut():  # the signal cut a log line short: the error goes on a line of its own
+        print(file=sys.stdout, flush=True)
+    print(f'error: {stop}', file=sys.stderr, flush=True)
+    return stop.exit_code
 
 
 def exit_with(code):

@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 
-__all__ = ['LOGGER_NAME', 'get_logger', 'setup_logging', 'log_file']
+__all__ = ['LOGGER_NAME', 'get_logger', 'setup_logging', 'log_file', 'line_cut']
 
 LOGGER_NAME = 'psanet'
 _FORMATTER = logging.Formatter('%(asctime)s [%(levelname)s]\t%(message)s', '%Y-%m-%d %H:%M:%S')
@@ -39,6 +39,22 @@ class _StdoutHandler(logging.StreamHandler):
     @stream.setter
     def stream(self, value):
         pass
+
+    def emit(self, record):
+        global _line_cut
+        _line_cut = True
+        super().emit(record)
+        _line_cut = False
+
+
+# True while a line is being printed, and after one was cut short (by Ctrl-C).
+_line_cut = False
+
+
+def line_cut():
+    """Whether the last line printed to stdout was cut short: whoever prints next starts a
+    new line first."""
+    return _line_cut
 
 
 # What setup_logging adds and replaces; log_file's handlers are its own to remove.

@@ -9,7 +9,7 @@ workers, an evaluation and a checkpoint every 2 iterations and a new epoch
 (so new workers) every 2. The run writes the phase it is in to a file (start-up,
 step, between steps, workers starting, evaluation, checkpoint); each trial
 targets one phase in turn, waits for a random number of its occurrences and a
-random fraction of a millisecond-scale delay, and sends SIGTERM or SIGINT to
+random moment within it (``PHASE_DELAY``), and sends SIGTERM or SIGINT to
 the run's main process or to its whole group (a terminal's Ctrl-C, a
 scheduler). A run must exit with 128 + the signal
 within ``--bound`` seconds, print no traceback, end with the one ``error:``
@@ -162,6 +162,9 @@ def _busy_loops(count):
 
 
 PHASES = ('start-up', 'step', 'between-steps', 'workers-start', 'evaluate', 'checkpoint')
+# The signal comes this many seconds, at most, into its phase: starting two workers (two
+# forks) takes tens of milliseconds under load, the other phases a few.
+PHASE_DELAY = {'start-up': 0.5, 'workers-start': 0.08}
 
 
 def _wait_for_phase(pid, phase_path, target, occurrences, give_up):
@@ -199,7 +202,7 @@ def run_trials(trials, seed, bound, max_delay, num_workers, load, work_dir, log=
             to_group = rng.random() < 0.5
             target = PHASES[trial % len(PHASES)]
             occurrences = rng.randint(1, 4)
-            delay = rng.uniform(0.0, 0.5 if target == 'start-up' else 0.002)
+            delay = rng.uniform(0.0, PHASE_DELAY.get(target, 0.005))
             save_dir = os.path.join(work_dir, f'run{trial}')
             phase_path = os.path.join(work_dir, f'run{trial}.phase')
             log_path = os.path.join(work_dir, f'run{trial}.log')
