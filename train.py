@@ -34,7 +34,7 @@ def parse_args(argv=None):
                         help='Iterations between checkpoints (and evaluations with --do_eval).')
     parser.add_argument('--log_iters', type=int, default=10, help='Iterations between log lines.')
     parser.add_argument('--keep_checkpoint_max', type=int, default=5,
-                        help='iter_N checkpoints kept; <= 0 keeps all.')
+                        help='iter_N checkpoints kept, the newest; 0 keeps every one.')
     parser.add_argument('--num_workers', type=int, default=0, help='DataLoader worker processes.')
     parser.add_argument('--do_eval', action='store_true',
                         help='Evaluate every save_interval and keep best_model/.')

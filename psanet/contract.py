@@ -9,6 +9,7 @@ the class colours). It imports only :mod:`psanet.errors` of ours, so the
 runtime can use it without the engine.
 """
 import os
+import tempfile
 
 import cv2
 import numpy as np
@@ -18,7 +19,8 @@ from psanet.errors import ConfigError, DatasetError
 
 __all__ = ['DEPLOY_FILE', 'DEPLOY_SECTION', 'PROGRAM_FILE', 'PARAMS_FILE', 'ONNX_FILE', 'INPUT_NAME',
            'DYNAMIC_INPUT_SHAPE', 'DEFAULT_TRANSFORMS', 'OUTPUT_OPS', 'PALETTES',
-           'IMAGE_EXTENSIONS', 'get_image_list', 'color_map', 'check_save_dir', 'read_images',
+           'IMAGE_EXTENSIONS', 'get_image_list', 'color_map', 'check_save_dir', 'check_output_file',
+           'read_images',
            'save_prediction']
 
 # The files of an export, all in one folder: what paddle.jit.save writes on
@@ -118,21 +120,45 @@ def color_map(num_classes, custom_color=None, cityscapes=False):
 
 
 def check_save_dir(save_dir, flag='--save_dir'):
-    """Raises ConfigError unless ``save_dir`` is a folder or can be made one.
+    """Raises ConfigError unless ``save_dir`` is a folder this process can write into, or
+    can be made one.
 
     Checked before any work, so that a file in the way (``--save_dir out.png``)
-    is named at once rather than as a NotADirectoryError after the first image.
+    or a folder without write permission is named at once rather than as a
+    traceback after the first image. Nothing is created.
     """
     path = os.path.abspath(save_dir)
     if os.path.lexists(path) and not os.path.isdir(path):
         raise ConfigError(f'{flag} {save_dir} is a file, not a folder: pass a folder (it is '
                           'created when missing) or move the file away.')
-    parent = path
-    while not os.path.lexists(parent):
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        raise ConfigError(f'{flag} {save_dir} cannot be created: {parent} is a file, not a '
-                          'folder; pass a path below a folder.')
+    _check_can_write_below(path, f'{flag} {save_dir}')
+
+
+def check_output_file(path, flag):
+    """Raises ConfigError unless a file can be written at ``path`` (its folder is made
+    when missing); checked before any work. Nothing is created."""
+    if os.path.isdir(path):
+        raise ConfigError(f'{flag} {path} is a folder: pass the path of the file to write, '
+                          f'e.g. {os.path.join(path, "model.pdparams")}.')
+    _check_can_write_below(os.path.dirname(os.path.abspath(path)), f'{flag} {path}')
+
+
+def _check_can_write_below(path, what):
+    """The nearest existing folder of ``path`` must be one this process can write into.
+    ``os.access`` says yes to root on read-only or special file systems: make and remove
+    a hidden folder instead."""
+    folder = path
+    while not os.path.lexists(folder):
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        raise ConfigError(f'{what} cannot be created: {folder} is a file, not a folder; pass a '
+                          'path below a folder.')
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix='.psanet-write-check-', dir=folder))
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        raise ConfigError(f'{what} cannot be written: {folder}: {reason}. Pass a folder '
+                          'you can write to.') from None
 
 
 def read_images(images, unreadable, logger):

@@ -33,7 +33,7 @@ from paddleseg.deploy.export import WrappedModel
 from psanet.contract import (DEFAULT_TRANSFORMS, DEPLOY_FILE, DEPLOY_SECTION, DYNAMIC_INPUT_SHAPE,
                              INPUT_NAME, ONNX_FILE, OUTPUT_OPS, PALETTES, PARAMS_FILE,
                              PROGRAM_FILE, check_save_dir, get_image_list)
-from psanet.core.checkpoint import load_model_weights
+from psanet.core.checkpoint import load_model_weights, write_folder
 from psanet.core.config import ComponentBuilder, load_config
 from psanet.core.predict import palette_for
 from psanet.deploy.config import DeployConfig
@@ -108,7 +108,23 @@ def check_export_options(input_shape=None, output_op='argmax', psa_impl='custom'
     if onnx and psa_impl != 'paddle':
         raise ConfigError('--onnx needs the pure-Paddle op: add --psa_impl paddle '
                           '(paddle2onnx cannot convert custom operators).')
+    if onnx:
+        _check_onnx_tools()
     return parse_input_shape(input_shape)
+
+
+ONNX_INSTALL = 'pip install paddle2onnx onnxruntime'
+
+
+def _check_onnx_tools():
+    """--onnx needs paddle2onnx (and onnxruntime for the check): refused before any work."""
+    import importlib.util
+    missing = [name for name in ('paddle2onnx', 'onnxruntime')
+               if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ConfigError(f'--onnx needs {" and ".join(missing)}, which is not installed: '
+                          f'{ONNX_INSTALL} (paddle2onnx has no wheels for Python 3.13 yet), '
+                          'or export without --onnx.')
 
 
 def export_model(model, val_transforms, save_dir, input_shape=None, output_op='argmax',
@@ -142,8 +158,18 @@ def export_model(model, val_transforms, save_dir, input_shape=None, output_op='a
 
 def _save(model, val_transforms, save_dir, shape, output_op, psa_impl, onnx, num_classes,
           palette):
-    """:func:`export_model` with its options checked."""
-    os.makedirs(save_dir, exist_ok=True)
+    """:func:`export_model` with its options checked: written into a hidden folder beside
+    ``save_dir`` that replaces it once complete, so a failed export leaves the previous
+    one whole. Files of the old folder that are not export files stay."""
+    export_files = {PROGRAM_FILE, PARAMS_FILE, ONNX_FILE, DEPLOY_FILE}
+    write_folder(save_dir, lambda folder: _write_export(
+        model, val_transforms, folder, shape, output_op, psa_impl, onnx, num_classes, palette),
+        carry_over=lambda name: name not in export_files and not name.startswith('.'))
+    return os.path.join(save_dir, DEPLOY_FILE)
+
+
+def _write_export(model, val_transforms, save_dir, shape, output_op, psa_impl, onnx, num_classes,
+                  palette):
     was_training = model.training
     wrapped = exported_layer(model, output_op)
     wrapped.eval()
@@ -176,18 +202,14 @@ def _save(model, val_transforms, save_dir, shape, output_op, psa_impl, onnx, num
     if onnx:
         export_onnx(save_dir)
         deploy['onnx'] = ONNX_FILE
-    path = os.path.join(save_dir, DEPLOY_FILE)
-    with open(path, 'w') as f:
+    with open(os.path.join(save_dir, DEPLOY_FILE), 'w') as f:
         yaml.safe_dump({DEPLOY_SECTION: deploy}, f, sort_keys=False)
-    return path
 
 
 def export_onnx(save_dir):
     """Converts the saved pure-Paddle model in ``save_dir`` to ``model.onnx``."""
-    try:
-        import paddle2onnx
-    except ImportError as error:
-        raise RuntimeError('ONNX export needs paddle2onnx: pip install paddle2onnx') from error
+    _check_onnx_tools()
+    import paddle2onnx
     target = os.path.join(save_dir, ONNX_FILE)
     paddle2onnx.export(os.path.join(save_dir, PROGRAM_FILE),
                        os.path.join(save_dir, PARAMS_FILE), save_file=target,
@@ -222,7 +244,7 @@ def export_from_config(config, model_path, save_dir='output/inference_model', in
     check_save_dir(save_dir)
     paddle.set_device('cpu')
     cfg = load_config(config, opts=opts)
-    builder = ComponentBuilder(cfg)
+    builder = ComponentBuilder(cfg, weights_follow=bool(model_path))
     model = builder.model
     if model_path:
         logger.info(f'Loaded weights {load_model_weights(model, model_path)}')

@@ -4,6 +4,7 @@ A ``_base_`` loop names its files; a PSANet argument of the wrong type or
 out of range names ``model.<argument>`` and what it accepts, whether it
 comes from the YAML or from ``--opts``.
 """
+import os
 import re
 
 import paddle.nn as nn
@@ -12,6 +13,7 @@ import pytest
 from conftest import MINI_CONFIG
 from psanet.cli import run_cli
 from psanet.core.config import ComponentBuilder, load_config
+from psanet.core.train import train_from_config
 from psanet.core.val import evaluate_from_config
 from psanet.data import generate_mini_cityscapes
 from psanet.errors import ArgumentError, ConfigError
@@ -146,3 +148,82 @@ def test_val_prints_the_model_argument_error_as_one_line(tmp_path, capsys):
                           opts=[f'val_dataset.dataset_root={root}',
                                 f'train_dataset.dataset_root={root}', 'model.mask_w=abc'])
     assert "model.mask_w must be a positive integer, got 'abc'" in line
+
+
+def test_a_folder_as_config_says_it_is_a_folder(capsys):
+    folder = os.path.dirname(MINI_CONFIG)
+    line = one_error_line(capsys, load_config, folder)
+    assert line.startswith(f'error: config {folder} is a folder: pass one of its .yml files, '
+                           f'e.g. {folder}/psanet_'), line
+
+
+def test_a_compact_mask_that_does_not_fit_the_map_names_the_keys(tmp_path, capsys):
+    root = str(tmp_path / 'mini')
+    generate_mini_cityscapes(root, num_train=2, num_val=1, size=(64, 32), seed=0)
+    # The mini config's 128x64 crops give a 16x8 map at stride 8, 8x4 once shrunk by 2:
+    # its mask 7x15 does not fit.
+    line = one_error_line(capsys, train_from_config, MINI_CONFIG, device='cpu',
+                          save_dir=str(tmp_path / 'out'), iters=1, batch_size=1,
+                          opts=[f'train_dataset.dataset_root={root}',
+                                f'val_dataset.dataset_root={root}', 'model.compact=True'])
+    assert 'model.compact: true needs model.mask_h x model.mask_w equal to the shrunk feature ' \
+        'map of every input, but a 4x8 map met mask 7x15' in line
+    assert 'set model.mask_h: 4 and model.mask_w: 8' in line and 'model.compact: false' in line
+
+
+def test_a_failed_download_of_pretrained_weights_says_how_to_go_on(monkeypatch):
+    import requests
+    from paddleseg.utils import utils as paddleseg_utils
+
+    def no_network(url, *args, **kwargs):
+        raise requests.exceptions.ConnectionError(f"HTTPSConnectionPool: {url} (simulated)")
+
+    monkeypatch.setattr(paddleseg_utils, 'download_file_and_uncompress', no_network)
+    url = 'https://example.invalid/weights/resnet18_vd.tar.gz'
+    message = _model_error(MINI_CONFIG, opts=[f'model.backbone.pretrained={url}'])
+    assert message.startswith(f'config {MINI_CONFIG}: cannot download model.backbone.pretrained '
+                              f'{url} (')
+    assert '(simulated)' in message
+    assert '--opts model.backbone.pretrained=/path/to/model.pdparams' in message
+    assert '--opts model.backbone.pretrained=null' in message
+
+
+@pytest.mark.parametrize('flag, value, zero', [('num_workers', -1, 'load in the main process'),
+                                               ('keep_checkpoint_max', -2,
+                                                'keep every checkpoint')])
+def test_negative_counts_are_refused(tmp_path, capsys, flag, value, zero):
+    root = str(tmp_path / 'mini')
+    generate_mini_cityscapes(root, num_train=2, num_val=1, size=(64, 32), seed=0)
+    line = one_error_line(capsys, train_from_config, MINI_CONFIG, device='cpu',
+                          save_dir=str(tmp_path / 'out'), iters=1,
+                          opts=[f'train_dataset.dataset_root={root}',
+                                f'val_dataset.dataset_root={root}'], **{flag: value})
+    assert line == f'error: --{flag} must be 0 ({zero}) or a positive integer, got {value}.'
+
+
+def test_optimizer_state_as_model_path_names_the_weights_beside_it(tmp_path, capsys):
+    checkpoint = tmp_path / 'iter_4'
+    checkpoint.mkdir()
+    (checkpoint / 'model.pdopt').write_bytes(b'optimizer state')
+    (checkpoint / 'model.pdparams').write_bytes(b'weights')
+    line = one_error_line(capsys, evaluate_from_config, MINI_CONFIG,
+                          str(checkpoint / 'model.pdopt'), device='cpu')
+    assert line == (f'error: --model_path {checkpoint}/model.pdopt is the optimizer state of a '
+                    f'checkpoint, not its weights: pass {checkpoint}/model.pdparams beside it '
+                    '(or the checkpoint folder).')
+
+
+def test_val_with_weights_does_not_announce_training_from_scratch(tmp_path, capsys):
+    import paddle
+    from engine_helpers import mini_psanet_for_eval
+    root = str(tmp_path / 'mini')
+    generate_mini_cityscapes(root, num_train=1, num_val=1, size=(64, 32), seed=0)
+    weights = str(tmp_path / 'model.pdparams')
+    paddle.save(mini_psanet_for_eval(seed=0).state_dict(), weights)
+    capsys.readouterr()
+    assert run_cli(evaluate_from_config, MINI_CONFIG, weights, device='cpu',
+                   opts=[f'val_dataset.dataset_root={root}',
+                         f'train_dataset.dataset_root={root}']) == 0
+    out = capsys.readouterr().out
+    assert 'Loaded weights' in out and '[EVAL]' in out
+    assert 'trained from scratch' not in out and 'pretrained' not in out.lower(), out

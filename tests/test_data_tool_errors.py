@@ -22,7 +22,7 @@ def run_tool(script, *args):
     done = run_process([sys.executable, os.path.join(ROOT, 'tools', script)] + list(args),
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert done.returncode != 0, done.stderr[-2000:]
+    assert done.returncode == 2, done.stderr[-2000:]
     assert len(lines) == 1 and lines[0].startswith('error: '), done.stderr
     return lines[0]
 
@@ -56,3 +56,11 @@ def test_prepare_cityscapes_root_is_a_file(a_file):
 def test_dataset_root_in_a_config_is_a_file(a_file, kind):
     with pytest.raises(DatasetError, match=f'{a_file} is a file, not a folder'):
         check_dataset_config({'type': kind, 'dataset_root': a_file, 'mode': 'train'})
+
+
+@pytest.mark.parametrize('flag', ['--num_train', '--num_val'])
+def test_make_mini_cityscapes_needs_an_image_per_split(tmp_path, flag):
+    line = run_tool('make_mini_cityscapes.py', '--out', str(tmp_path / 'mini'), flag, '0')
+    assert line == (f'error: {flag} must be a positive int (training and evaluation need an '
+                    'image each), got 0')
+    assert not os.path.exists(tmp_path / 'mini')

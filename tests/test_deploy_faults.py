@@ -146,3 +146,19 @@ def test_unreadable_images_are_skipped_and_reported(exported, tmp_path, capfd, b
         name = os.path.basename(path)
         assert cv2.imread(str(out / 'added_prediction' / name)).shape == (64, 96, 3)
     assert sorted(os.listdir(out / 'added_prediction')) == ['a.png', 'c.png', 'd.jpg']
+
+
+def test_a_batch_of_mixed_sizes_names_each_image(exported, tmp_path, capfd):
+    _, save_dir = exported
+    folder = tmp_path / 'mixed'
+    folder.mkdir()
+    write_image(folder / 'a.png', 0)
+    small = np.random.RandomState(1).randint(0, 256, (40, 56, 3)).astype('uint8')
+    cv2.imwrite(str(folder / 'b.png'), small)
+    code, _, err = infer_in_process(capfd, '--config', save_dir, '--image_path', folder,
+                                    '--batch_size', 2, '--save_dir', tmp_path / 'out')
+    assert code == 2
+    width, height = IMAGE_SIZE
+    assert err.strip().splitlines()[-1] == (
+        'error: the images of one batch must have one size after the transforms, got '
+        f'a.png {width}x{height}, b.png 56x40; use --batch_size 1, or images of one size.')

@@ -193,6 +193,13 @@ def test_bad_input_raises_value_error(impl, args, message):
         psa_mask(*args, impl=impl)
 
 
+@pytest.mark.parametrize('impl', IMPLS)
+def test_a_numpy_array_is_told_to_become_a_tensor(impl):
+    with pytest.raises(TypeError, match=r'x must be a Paddle tensor, got numpy.ndarray; convert '
+                       r'it with paddle.to_tensor\(x\)'):
+        psa_mask(np.zeros((1, 9, 4, 4), 'float32'), 'collect', 3, impl=impl)
+
+
 def test_bad_impl_and_cpu_float16_raise_value_error():
     x = _tensor([1, 9, 4, 4])
     with pytest.raises(ValueError, match='impl'):

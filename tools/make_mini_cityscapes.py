@@ -27,5 +27,6 @@ if __name__ == '__main__':
     try:
         summary = generate(args.out, args.num_train, args.num_val, tuple(args.size), args.seed)
     except (ValueError, OSError) as error:  # OSError: --out is a file, or not writable
-        sys.exit(f'error: {error}')
+        print(f'error: {error}', file=sys.stderr)
+        sys.exit(2)  # as the other command lines exit on a user error
     print(format_summary(summary))

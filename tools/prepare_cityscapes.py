@@ -28,5 +28,6 @@ if __name__ == '__main__':
     try:
         summary = prepare_cityscapes(args.root, args.num_workers, args.overwrite)
     except (DatasetError, ValueError) as error:
-        sys.exit(f'error: {error}')
+        print(f'error: {error}', file=sys.stderr)
+        sys.exit(2)  # as the other command lines exit on a user error
     print(format_summary(summary))

@@ -27,12 +27,14 @@ import tempfile
 import numpy as np
 import paddle
 
+from psanet.contract import check_output_file
 from psanet.core.config import ComponentBuilder, load_config
 from psanet.errors import CheckpointError, few
 from psanet.log import get_logger
 from psanet.models.reproduction import convert_reproduction_state, is_reproduction_state
 
-__all__ = ['WEIGHTS_FILE', 'OPTIMIZER_FILE', 'STATE_FILE', 'save_checkpoint', 'list_checkpoints',
+__all__ = ['WEIGHTS_FILE', 'OPTIMIZER_FILE', 'STATE_FILE', 'save_checkpoint', 'write_folder',
+           'list_checkpoints',
            'checkpoint_iteration', 'prune_checkpoints', 'delete_checkpoints',
            'remove_stale_temporaries', 'load_checkpoint', 'resolve_weights_path',
            'check_state_fits', 'load_model_weights', 'parameter_names', 'rename_optimizer_state',
@@ -85,17 +87,39 @@ def save_checkpoint(directory, model, optimizer=None, state=None):
     Returns:
         str: ``directory``.
     """
-    directory = os.path.normpath(directory)
-    parent = os.path.dirname(directory) or '.'
-    os.makedirs(parent, exist_ok=True)
-    temporary = tempfile.mkdtemp(prefix='.' + os.path.basename(directory) + _TEMP_MARK, dir=parent)
-    try:
+    def write(temporary):
         paddle.save(model.state_dict(), os.path.join(temporary, WEIGHTS_FILE))
         if optimizer is not None:
             paddle.save(optimizer.state_dict(), os.path.join(temporary, OPTIMIZER_FILE))
         if state is not None:
             with open(os.path.join(temporary, STATE_FILE), 'w') as f:
                 json.dump(_to_json(state), f, indent=1)
+
+    return write_folder(directory, write)
+
+
+def write_folder(directory, write, carry_over=None):
+    """Writes a folder whole or not at all: ``write(temporary)`` fills a hidden folder
+    beside ``directory``, which then replaces ``directory`` (an old one is moved aside
+    first and deleted after). A failure or a signal before the swap leaves the old folder
+    as it was.
+
+    Args:
+        directory (str): the final folder.
+        write (callable): fills the folder it is given.
+        carry_over (callable, optional): ``carry_over(name)`` is True for the entries of
+            the old folder to move into the new one (files the new one does not have).
+            Default: None, nothing is carried over.
+
+    Returns:
+        str: ``directory``.
+    """
+    directory = os.path.normpath(directory)
+    parent = os.path.dirname(directory) or '.'
+    os.makedirs(parent, exist_ok=True)
+    temporary = tempfile.mkdtemp(prefix='.' + os.path.basename(directory) + _TEMP_MARK, dir=parent)
+    try:
+        write(temporary)
         for name in os.listdir(temporary):
             _fsync(os.path.join(temporary, name))
         _fsync(temporary)
@@ -104,9 +128,13 @@ def save_checkpoint(directory, model, optimizer=None, state=None):
             retired = tempfile.mkdtemp(
                 prefix='.' + os.path.basename(directory) + _RETIRED_SUFFIX + _TEMP_MARK,
                 dir=parent)
-            os.replace(directory, os.path.join(retired, _PREVIOUS))
+            previous = os.path.join(retired, _PREVIOUS)
+            os.replace(directory, previous)
             os.replace(temporary, directory)
             _fsync(parent)
+            for name in os.listdir(previous) if carry_over else ():
+                if carry_over(name) and not os.path.lexists(os.path.join(directory, name)):
+                    os.replace(os.path.join(previous, name), os.path.join(directory, name))
             shutil.rmtree(retired, ignore_errors=True)
         else:
             os.replace(temporary, directory)
@@ -304,6 +332,12 @@ def resolve_weights_path(model_path):
         raise CheckpointError(f'--model_path {model_path} does not exist (cwd {os.getcwd()}): '
                               'pass a model.pdparams file or a checkpoint folder such as '
                               'output/best_model.')
+    if model_path.endswith('.pdopt'):
+        weights = os.path.join(os.path.dirname(model_path), WEIGHTS_FILE)
+        beside = f': pass {weights} beside it' if os.path.isfile(weights) else \
+            f': pass the {WEIGHTS_FILE} of the same checkpoint'
+        raise CheckpointError(f'--model_path {model_path} is the optimizer state of a '
+                              f'checkpoint, not its weights{beside} (or the checkpoint folder).')
     return model_path
 
 
@@ -408,6 +442,7 @@ def convert_reproduction_file(src, dst, config):
             layout, or does not fit the model (naming the first tensor that does not).
     """
     fix = 'pass the reproduction\'s model.pdparams as --src.'
+    check_output_file(dst, '--dst')
     if not os.path.isfile(src):
         raise CheckpointError(f'--src {src} is not a file (cwd {os.getcwd()}): {fix}')
     loaded = _load(src, 'weights', fix)
@@ -417,11 +452,7 @@ def convert_reproduction_file(src, dst, config):
                               f'reproduction (no psa.*, head.conv_bn_relu.*, head.conv.* or '
                               f'aux_head.* tensors; it holds {names}): {fix} A model.pdparams '
                               'written by train.py needs no conversion.')
-    cfg = load_config(config)
-    cfg.dic['model']['pretrained'] = None
-    if isinstance(cfg.dic['model'].get('backbone'), dict):
-        cfg.dic['model']['backbone']['pretrained'] = None
-    model = ComponentBuilder(cfg).model
+    model = ComponentBuilder(load_config(config), weights_follow=True).model
     model.set_state_dict(convert_reproduction_state(loaded, model.state_dict(),
                                                     source=f'--src {src}'))
     state = model.state_dict()

@@ -58,6 +58,12 @@ def _check_yaml_files(path, chain=(), entry=None):
         raise ConfigError(f'config {chain[0]}: the _base_ files form a loop, '
                           f'{" -> ".join(os.path.normpath(p) for p in loop)}: remove '
                           f'_base_: {entry} from {os.path.normpath(chain[-1])}.')
+    if os.path.isdir(path):
+        where = f' (the _base_ of {chain[-1]})' if chain else ''
+        found = sorted(n for n in os.listdir(path) if n.endswith(('.yml', '.yaml')))[:3]
+        example = f', e.g. {os.path.join(path, found[0])}' if found else ''
+        raise ConfigError(f'config {path}{where} is a folder: pass one of its .yml files'
+                          f'{example}.')
     if not os.path.isfile(path):
         where = f' (the _base_ of {chain[-1]})' if chain else ''
         raise ConfigError(f'config {path}{where} does not exist (cwd {os.getcwd()}): pass a file '
@@ -202,16 +208,42 @@ def _argument_error(error):
     return None
 
 
+def _is_url(value):
+    return isinstance(value, str) and value.startswith(('http://', 'https://', 'ftp://'))
+
+
+def _download_error(error):
+    """Whether ``error`` (or what caused it) is a failed download."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        module = type(error).__module__ or ''
+        if module.startswith(('requests', 'urllib', 'http.client', 'socket')) or \
+                isinstance(error, (ConnectionError, TimeoutError)):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
 class ComponentBuilder:
     """Builds the config's components through paddleseg's SegBuilder, with clear errors.
 
     Args:
         cfg (paddleseg.cvlibs.Config): from :func:`load_config`.
+        weights_follow (bool, optional): trained weights will replace the model's (val,
+            predict, export): the config's pretrained weights are neither downloaded nor
+            loaded, and the backbone does not announce training from scratch. Default: False.
     """
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, weights_follow=False):
         self.cfg = cfg
         self.path = getattr(cfg, 'path', '<config>')
+        self.weights_follow = weights_follow
+        if weights_follow:
+            model = cfg.dic.get('model') or {}
+            for section in (model, model.get('backbone')):
+                if isinstance(section, dict) and section.get('pretrained') is not None:
+                    section['pretrained'] = None
         self._builder = SegBuilder(cfg)
 
     def _get(self, name, section):
@@ -220,7 +252,7 @@ class ComponentBuilder:
         except ConfigError:
             raise
         except (AssertionError, AttributeError, RuntimeError, ValueError, KeyError,
-                TypeError) as error:
+                TypeError, OSError) as error:
             argument = _argument_error(error)
             if argument is not None:
                 raise ConfigError(f'config {self.path}: {section}.{argument.argument} must be '
@@ -228,13 +260,34 @@ class ComponentBuilder:
                                   'the config or the --opts item that sets it.') from error
             lines = [l for l in str(error).strip().splitlines() if l.strip()]
             detail = lines[-1] if lines else type(error).__name__
+            if section == 'model' and _download_error(error):
+                raise ConfigError(self._download_message(detail)) from error
             raise ConfigError(f'config {self.path}: cannot build {section}: {detail}. Fix the '
                               f'{section} section of the config.') from error
 
     @property
     def model(self):
         """The model (cached)."""
-        return self._get('model', 'model')
+        if not self.weights_follow:
+            return self._get('model', 'model')
+        from paddleseg.utils import logger
+        level, logger.log_level = logger.log_level, 1  # warnings only
+        try:
+            return self._get('model', 'model')
+        finally:
+            logger.log_level = level
+
+    def _download_message(self, detail):
+        model = self.cfg.dic.get('model') or {}
+        urls = [(key, section.get('pretrained')) for key, section in
+                (('model', model), ('model.backbone', model.get('backbone')))
+                if isinstance(section, dict) and _is_url(section.get('pretrained'))]
+        what = ', '.join(f'{key}.pretrained {url}' for key, url in urls) or 'the pretrained weights'
+        key = urls[-1][0] if urls else 'model.backbone'
+        return (f'config {self.path}: cannot download {what} ({detail}). Without network, '
+                f'download the file elsewhere and pass its local path (--opts '
+                f'{key}.pretrained=/path/to/model.pdparams), or start from random weights '
+                f'with --opts {key}.pretrained=null.')
 
     @property
     def losses(self):

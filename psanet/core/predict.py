@@ -139,7 +139,7 @@ def predict_from_config(config, model_path, image_path, save_dir='output/result'
                                crop_size=crop_size, stride=stride, aug_combine=aug_combine),
                           '--aug_pred', cfg.dic.get('test_config'))
     image_list = get_image_list(image_path)
-    builder = ComponentBuilder(cfg)
+    builder = ComponentBuilder(cfg, weights_follow=True)
     model = builder.model
     path = load_model_weights(model, model_path)
     logger.info(f'Loaded weights {path}')

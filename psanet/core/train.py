@@ -274,7 +274,7 @@ def train(model, train_dataset, optimizer, losses, iters, batch_size, val_datase
         save_interval (int, optional): iterations between checkpoints (and evaluations).
             Default: 1000.
         log_iters (int, optional): iterations between log lines. Default: 10.
-        keep_checkpoint_max (int, optional): iter_N folders kept (<= 0: all). Default: 5.
+        keep_checkpoint_max (int, optional): iter_N folders kept (0: all). Default: 5.
         num_workers (int, optional): DataLoader workers per process. Default: 0.
         use_vdl (bool, optional): write VisualDL scalars to save_dir. Default: False.
         resume_model (str, optional): an iter_N folder to continue from. Default: None.
@@ -325,6 +325,8 @@ def _train(model, train_dataset, optimizer, losses, iters, batch_size, val_datas
     logger = logger or get_logger()
     _check_positive(iters=iters, batch_size=batch_size, save_interval=save_interval,
                     log_iters=log_iters)
+    _check_not_negative(num_workers=(num_workers, 'load in the main process'),
+                        keep_checkpoint_max=(keep_checkpoint_max, 'keep every checkpoint'))
     scheduler = _lr_scheduler(optimizer)
     test_config = merge_test_config(test_config or {})
     state, saved = _resume(resume_model, model, optimizer, scheduler, iters, seed, logger)
@@ -407,6 +409,13 @@ def _check_positive(**values):
     for name, value in values.items():
         if not isinstance(value, int) or value <= 0:
             raise ConfigError(f'--{name} must be a positive integer, got {value!r}.')
+
+
+def _check_not_negative(**values):
+    for name, (value, zero) in values.items():
+        if not isinstance(value, int) or value < 0:
+            raise ConfigError(f'--{name} must be 0 ({zero}) or a positive integer, got '
+                              f'{value!r}.')
 
 
 def _forget_best_elsewhere(state, save_dir, logger):

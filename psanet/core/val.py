@@ -19,6 +19,7 @@ from paddleseg.datasets import Cityscapes
 from paddleseg.utils import TimeAverager
 
 from psanet import interrupts
+from psanet.contract import check_save_dir
 from psanet.core import dist, inference
 from psanet.core.checkpoint import load_model_weights, resolve_weights_path
 from psanet.core.config import ComponentBuilder, load_config
@@ -289,12 +290,14 @@ def evaluate_from_config(config, model_path, device=None, num_workers=0, aug_eva
     dist.init_parallel()
     logger = get_logger()
     resolve_weights_path(model_path)  # a wrong path fails before any building
+    if save_dir is not None:
+        check_save_dir(save_dir)
     cfg = load_config(config, opts=opts)
     check_inference_flags(dict(aug_eval=aug_eval, scales=scales, flip_horizontal=flip_horizontal,
                                flip_vertical=flip_vertical, is_slide=is_slide,
                                crop_size=crop_size, stride=stride, aug_combine=aug_combine),
                           '--aug_eval', cfg.dic.get('test_config'))
-    builder = ComponentBuilder(cfg)
+    builder = ComponentBuilder(cfg, weights_follow=True)
     dataset = builder.dataset('val')
     model = builder.model
     path = load_model_weights(model, model_path)

@@ -90,12 +90,13 @@ def infer(config, image_path, save_dir='./output', batch_size=1, device='cpu', u
                                                      logger, timer)):
         interrupts.raise_if_interrupted()
         originals = [image for image, _ in chunk]
+        names = [relative for _, relative in chunk]
         if benchmark and number == 0:
             for _ in range(WARMUP_RUNS):
-                batch, infos, _ = preprocess(originals, transforms)
+                batch, infos, _ = preprocess(originals, transforms, names)
                 postprocess(runner.run(batch), deploy.output_op, infos)
         with timer.stage('preprocess'):
-            batch, infos, _ = preprocess(originals, transforms)
+            batch, infos, _ = preprocess(originals, transforms, names)
         with timer.stage('inference'):
             output = runner.run(batch)
         with timer.stage('postprocess'):

@@ -8,13 +8,15 @@ from psanet.errors import DeployError, unreadable_image
 __all__ = ['preprocess', 'postprocess', 'restore_label_map']
 
 
-def preprocess(image_paths, transforms):
+def preprocess(image_paths, transforms, names=None):
     """Reads images (unless given read) and applies the val transforms.
 
     Args:
         image_paths (list[str | np.ndarray]): Image files (any format OpenCV reads), or
             BGR images already read.
         transforms (paddleseg.transforms.Compose): From ``DeployConfig.build_transforms()``.
+        names (list[str], optional): What to call the images in an error. Default: the
+            paths, or "image <i>" for images given read.
 
     Returns:
         tuple: ``(batch, trans_infos, images)``: float32 ``[N, 3, H, W]``; per image, the
@@ -30,11 +32,13 @@ def preprocess(image_paths, transforms):
         images.append(image)
         inputs.append(data['img'])
         infos.append(list(data['trans_info']))
-    shapes = {img.shape for img in inputs}
-    if len(shapes) > 1:
-        names = [p if isinstance(p, str) else 'an image' for p in image_paths]
+    if len({img.shape for img in inputs}) > 1:
+        names = names or [p if isinstance(p, str) else f'image {i}'
+                          for i, p in enumerate(image_paths)]
+        sizes = ', '.join(f'{name} {img.shape[-1]}x{img.shape[-2]}'
+                          for name, img in zip(names, inputs))
         raise DeployError(f'the images of one batch must have one size after the transforms, '
-                          f'got {sorted(shapes)} for {names}; use --batch_size 1.')
+                          f'got {sizes}; use --batch_size 1, or images of one size.')
     return np.ascontiguousarray(np.stack(inputs), dtype='float32'), infos, images
 
 

@@ -16,7 +16,7 @@ from paddleseg.cvlibs import manager
 from paddleseg.models import layers
 from paddleseg.utils import logger, utils
 
-from psanet.errors import ArgumentError, CheckpointError
+from psanet.errors import ArgumentError, CheckpointError, ConfigError
 from psanet.models.reproduction import convert_reproduction_state, is_reproduction_state
 from psanet.ops import PSAMask
 
@@ -291,10 +291,12 @@ class PSABranch(nn.Layer):
         h, w = attention.shape[2], attention.shape[3]
         if h is not None and w is not None and h > 0 and w > 0 and \
                 (h, w) != (self.mask_h, self.mask_w):
-            raise ValueError(
-                f'PSANet compact attention needs mask_h x mask_w equal to the shrunk '
-                f'feature map, got mask {self.mask_h}x{self.mask_w} for a {h}x{w} map. '
-                f'Set mask_h: {h} and mask_w: {w}, or compact: false.')
+            raise ConfigError(
+                f'model.compact: true needs model.mask_h x model.mask_w equal to the shrunk '
+                f'feature map of every input, but a {h}x{w} map met mask '
+                f'{self.mask_h}x{self.mask_w}: set model.mask_h: {h} and model.mask_w: {w} '
+                '(and feed inputs of that size: crop_size, or --is_slide for evaluation), or '
+                'model.compact: false.')
         if self.psa_type == _COLLECT:
             return attention  # Y[n, q, p] = channel q at p
         # Distribute: Y[n, p, q] = channel q at p, the transpose over positions.

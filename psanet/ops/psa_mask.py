@@ -84,7 +84,15 @@ def normalize_mask_size(mask_size):
     return int(size[0]), int(size[1])
 
 
+# What x may be: a tensor, or a variable of a static program (PIR or the legacy IR).
+_TENSOR_TYPES = tuple(t for t in (paddle.Tensor, getattr(paddle.static, 'Variable', None),
+                                  getattr(getattr(paddle, 'pir', None), 'Value', None)) if t)
+
+
 def _check_input(x, mask_h, mask_w):
+    if not isinstance(x, _TENSOR_TYPES):
+        raise TypeError(f'psa_mask: x must be a Paddle tensor, got {type(x).__module__}.'
+                        f'{type(x).__name__}; convert it with paddle.to_tensor(x).')
     if x.ndim != 4:
         raise ValueError(f'psa_mask: x must be 4-D [N, mask_h*mask_w, H, W], got shape '
                          f'{list(x.shape)}.')

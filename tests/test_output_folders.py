@@ -1,0 +1,150 @@
+"""Outputs are checked before any work and written whole: val.py, predict.py, export.py and
+tools/convert_checkpoint.py refuse a path they cannot write before building the model, and a
+failed re-export leaves the previous export as it was."""
+import hashlib
+import importlib.util
+import os
+
+import paddle
+import pytest
+import yaml
+
+from conftest import MINI_CONFIG
+from engine_helpers import mini_psanet_for_eval
+from psanet import export as export_module
+from psanet.cli import run_cli
+from psanet.contract import DEPLOY_FILE
+from psanet.core.checkpoint import convert_reproduction_file
+from psanet.core.predict import predict_from_config
+from psanet.core.val import evaluate_from_config
+from psanet.deploy.config import DeployConfig
+from psanet.export import export_from_config, export_model
+
+# A folder no process can write into, root included (sysfs refuses new entries).
+UNWRITABLE = '/sys/psanet-test-output'
+
+
+@pytest.fixture(scope='module')
+def weights(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp('weights') / 'model.pdparams')
+    paddle.save(mini_psanet_for_eval(seed=2).state_dict(), path)
+    return path
+
+
+def _one_error_line(capsys, code):
+    out, err = capsys.readouterr()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith('error: '), err
+    return lines[0], out
+
+
+def _unusable(tmp_path):
+    taken = tmp_path / 'taken.txt'
+    taken.write_text('keep me')
+    return taken, [(str(taken), 'is a file, not a folder'),
+                   (str(taken / 'below'), f'{taken} is a file, not a folder'),
+                   (UNWRITABLE, 'cannot be written: /sys:')]
+
+
+def test_val_refuses_an_unusable_save_dir_before_evaluating(tmp_path, capsys, weights,
+                                                           mini_cityscapes):
+    taken, cases = _unusable(tmp_path)
+    opts = [f'val_dataset.dataset_root={mini_cityscapes}',
+            f'train_dataset.dataset_root={mini_cityscapes}']
+    for save_dir, words in cases:
+        code = run_cli(evaluate_from_config, MINI_CONFIG, weights, device='cpu',
+                       save_dir=save_dir, opts=opts)
+        line, out = _one_error_line(capsys, code)
+        assert line.startswith(f'error: --save_dir {save_dir} ') and words in line, line
+        assert 'Loaded weights' not in out and '[EVAL]' not in out
+    assert taken.read_text() == 'keep me'
+    # The same folder that can be written: evaluation runs.
+    assert run_cli(evaluate_from_config, MINI_CONFIG, weights, device='cpu',
+                   save_dir=str(tmp_path / 'ok'), opts=opts) == 0
+    assert '[EVAL]' in capsys.readouterr().out
+
+
+def test_predict_and_export_refuse_an_unwritable_save_dir_before_any_work(tmp_path, capsys,
+                                                                         weights,
+                                                                         mini_cityscapes):
+    image = os.path.join(mini_cityscapes, 'leftImg8bit', 'val')
+    code = run_cli(predict_from_config, MINI_CONFIG, weights, image, save_dir=UNWRITABLE,
+                   device='cpu')
+    line, out = _one_error_line(capsys, code)
+    assert f'--save_dir {UNWRITABLE} cannot be written' in line and 'Predicting' not in out
+    code = run_cli(export_from_config, MINI_CONFIG, weights, save_dir=UNWRITABLE + '/exp')
+    line, out = _one_error_line(capsys, code)
+    assert f'--save_dir {UNWRITABLE}/exp cannot be written' in line
+    assert 'Loaded weights' not in out
+
+
+def test_the_converter_refuses_a_destination_it_cannot_write(tmp_path, capsys):
+    src = str(tmp_path / 'not-read.pdparams')  # the destination is checked first
+    for dst, words in ((UNWRITABLE + '/model.pdparams', 'cannot be written: /sys:'),
+                       (str(tmp_path), 'is a folder: pass the path of the file to write')):
+        code = run_cli(convert_reproduction_file, src, dst, MINI_CONFIG)
+        line, _ = _one_error_line(capsys, code)
+        assert line.startswith(f'error: --dst {dst} ') and words in line, line
+
+
+def _snapshot(folder):
+    found = {}
+    for name in sorted(os.listdir(folder)):
+        with open(os.path.join(folder, name), 'rb') as f:
+            found[name] = hashlib.sha256(f.read()).hexdigest()
+    return found
+
+
+@pytest.fixture(scope='module')
+def first_export(tmp_path_factory):
+    """An argmax export with the custom op, and a file of the user's beside it."""
+    model = mini_psanet_for_eval(seed=2)
+    folder = tmp_path_factory.mktemp('exports') / 'mix'
+    export_model(model, [{'type': 'Normalize'}], str(folder), output_op='argmax')
+    (folder / 'notes.txt').write_text('mine')
+    return model, folder
+
+
+def test_onnx_without_paddle2onnx_is_refused_before_anything_is_written(first_export,
+                                                                        monkeypatch):
+    model, folder = first_export
+    before = _snapshot(folder)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *args: None
+                        if name == 'paddle2onnx' else real_find_spec(name, *args))
+    with pytest.raises(export_module.ConfigError,
+                       match='--onnx needs paddle2onnx, which is not installed: pip install '
+                       'paddle2onnx onnxruntime'):
+        export_model(model, [{'type': 'Normalize'}], str(folder), output_op='none',
+                     psa_impl='paddle', onnx=True)
+    assert _snapshot(folder) == before
+
+
+def test_a_failed_re_export_leaves_the_previous_export_whole(first_export, monkeypatch):
+    model, folder = first_export
+    before = _snapshot(folder)
+
+    def broken_converter(save_dir):
+        raise RuntimeError('paddle2onnx failed (simulated)')
+
+    monkeypatch.setattr(export_module, 'export_onnx', broken_converter)
+    with pytest.raises(RuntimeError, match='simulated'):
+        export_model(model, [{'type': 'Normalize'}], str(folder), output_op='none',
+                     psa_impl='paddle', onnx=True)
+    assert _snapshot(folder) == before
+    assert DeployConfig(str(folder / DEPLOY_FILE)).output_op == 'argmax'
+    assert sorted(os.listdir(folder.parent)) == ['mix']  # no temporary left beside it
+
+
+def test_a_re_export_replaces_the_export_and_keeps_other_files(first_export, tmp_path):
+    model, folder = first_export
+    again = tmp_path / 'again'
+    export_model(model, [{'type': 'Normalize'}], str(again), output_op='argmax')
+    (again / 'notes.txt').write_text('mine')
+    export_model(model, [{'type': 'Normalize'}], str(again), output_op='softmax',
+                 psa_impl='paddle')
+    with open(again / DEPLOY_FILE) as f:
+        deploy = yaml.safe_load(f)['Deploy']
+    assert deploy['output_op'] == 'softmax' and deploy['psa_impl'] == 'paddle'
+    assert (again / 'notes.txt').read_text() == 'mine'
+    assert sorted(os.listdir(tmp_path)) == ['again']
