@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 import paddle
+import pytest
 
 import engine_helpers as helpers
 from conftest import ROOT, TINY_SEGNET_RTOL, clear_margin_pixels, run_process
@@ -28,7 +29,7 @@ import engine_helpers  # noqa: F401  (registers TinySegNet)
 from psanet.core import dist
 from psanet.core.checkpoint import load_model_weights
 from psanet.core.config import ComponentBuilder, load_config
-from psanet.core.loader import TrainBatchSampler
+from psanet.core.loader import SampleReader, TrainBatchSampler
 from psanet.core.train import train
 from psanet.core.val import evaluate
 
@@ -39,9 +40,20 @@ rank = dist.rank()
 paddle.seed(100 + rank)  # different initial weights: DataParallel must make them equal
 builder = ComponentBuilder(load_config(config))
 model = builder.model
-result = train(model, builder.dataset('train'), builder.optimizer, builder.losses, iters=4,
+train_dataset = builder.dataset('train')
+read = []  # (the reader's epoch, index) of every training sample this rank read
+original = SampleReader.__getitem__
+
+def recording(self, index):
+    if self.dataset is train_dataset:
+        read.append((self.epoch, int(index)))
+    return original(self, index)
+
+SampleReader.__getitem__ = recording
+result = train(model, train_dataset, builder.optimizer, builder.losses, iters=4,
                batch_size=2, val_dataset=builder.dataset('val'),
                save_dir=os.path.join(out, 'train'), save_interval=4, log_iters=1)
+SampleReader.__getitem__ = original
 np.savez(os.path.join(out, 'params_%d.npz' % rank),
          **{{k: v.numpy() for k, v in model.named_parameters()}})
 sampler = TrainBatchSampler(list(range(8)), batch_size=2, seed=5)
@@ -55,7 +67,7 @@ with open(os.path.join(out, 'rank_%d.json' % rank), 'w') as f:
     json.dump({{'world_size': dist.world_size(), 'losses': result['losses'],
                'local_losses': result['local_losses'], 'orders': orders,
                'train_eval_areas': result['evals'][-1][1]['areas'].tolist(),
-               'seed': result['seed'],
+               'seed': result['seed'], 'read': read,
                'miou': metrics['miou'], 'areas': metrics['areas'].tolist()}}, f)
 '''
 
@@ -144,13 +156,26 @@ def test_two_processes(tmp_path):
         first, second = (r['orders'][epoch] for r in ranks)
         assert not set(first) & set(second)
         assert sorted(first + second) == list(range(8))
-    assert ranks[0]['orders'][0] != ranks[0]['orders'][1] != ranks[0]['orders'][2]
+    assert len({tuple(order) for order in ranks[0]['orders']}) == 3
 
-    # Distributed evaluation of 5 images on 2 ranks equals single-process evaluation.
+    # Through train() itself: 8 images, 2 ranks x batch 2, so 4 iterations are 2 epochs;
+    # each epoch the ranks read disjoint halves in a new order, the readers at that epoch.
+    for epoch in range(2):
+        read = [[i for e, i in r['read'][epoch * 4:(epoch + 1) * 4]] for r in ranks]
+        assert [[e for e, _ in r['read'][epoch * 4:(epoch + 1) * 4]] for r in ranks] == \
+            [[epoch] * 4] * 2
+        assert sorted(read[0] + read[1]) == list(range(8))
+    assert [i for _, i in ranks[0]['read'][:4]] != [i for _, i in ranks[0]['read'][4:]]
+    assert all(len(r['read']) == 8 for r in ranks)
+
+    # Distributed evaluation of 5 images on 2 ranks equals single-process evaluation,
+    # and each rank's mIoU is PaddleSeg's formula over its areas.
     for rank in ranks:
         assert_areas_agree(rank['areas'], expected['areas'], slack, 'distributed evaluation')
-        if np.array_equal(rank['areas'], expected['areas']):  # the same float64 formula
-            assert rank['miou'] == expected['miou']
+        intersect, pred, label = np.asarray(rank['areas'], np.float64)
+        union = pred + label - intersect
+        iou = np.divide(intersect, union, out=np.zeros_like(union), where=union > 0)
+        assert rank['miou'] == pytest.approx(iou.mean(), abs=1e-12)
 
     # Only rank 0 writes logs and checkpoints.
     assert os.listdir(out / 'train') and 'iter_4' in os.listdir(out / 'train')

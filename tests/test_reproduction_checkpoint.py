@@ -68,9 +68,9 @@ def random_state(seed=0):
     return state
 
 
-def build_psanet():
-    return PSANet(NUM_CLASSES, ResNet50_vd(output_stride=8), mask_h=MASK, mask_w=MASK,
-                  psa_channels=PSA_CHANNELS, shrink_factor=SHRINK)
+def build_psanet(psa_type=2):
+    return PSANet(NUM_CLASSES, ResNet50_vd(output_stride=8), psa_type=psa_type, mask_h=MASK,
+                  mask_w=MASK, psa_channels=PSA_CHANNELS, shrink_factor=SHRINK)
 
 
 @pytest.fixture(scope='module')
@@ -131,9 +131,16 @@ def _attention_branch(feature, state, reduce, attention, psa_type):
     return out.reshape([n, c, h, w]) / 1.0  # normalization factor 1
 
 
-def reproduction_logits(state, image):
+# The reproduction's two branches, in the order its projection reads them.
+TWO_BRANCHES = (('psa.reduce_p', 'psa.attention_p', 'distribute'),
+                ('psa.reduce_layer', 'psa.attention', 'collect'))
+
+
+def reproduction_logits(state, image, branches=TWO_BRANCHES):
     """Eval mode: (main logits at the input size, auxiliary logits at stage 3's size,
-    stage 3's output, the auxiliary head's input)."""
+    stage 3's output, the auxiliary head's input). ``branches``: (reduce, attention,
+    psa_type) of each branch, in the projection's order; a one-branch model has its
+    branch under psa.reduce_layer and psa.attention, whichever its type."""
     backbone = ResNet50_vd(output_stride=8)
     backbone.set_state_dict({k[len('backbone.'):]: v for k, v in state.items()
                              if k.startswith('backbone.')})
@@ -141,12 +148,9 @@ def reproduction_logits(state, image):
     with paddle.no_grad():
         stages = backbone(image)
         feature = stages[3]
-        collect = _attention_branch(feature, state, 'psa.reduce_layer', 'psa.attention',
-                                    'collect')
-        distribute = _attention_branch(feature, state, 'psa.reduce_p', 'psa.attention_p',
-                                       'distribute')
-        attended = _conv_bn_relu(paddle.concat([distribute, collect], axis=1), state,
-                                 'psa.proj')
+        attended = _conv_bn_relu(paddle.concat([
+            _attention_branch(feature, state, reduce, attention, psa_type)
+            for reduce, attention, psa_type in branches], axis=1), state, 'psa.proj')
         attended = F.interpolate(attended, feature.shape[2:], mode='bilinear',
                                  align_corners=True)
         x = _conv_bn_relu(paddle.concat([feature, attended], axis=1), state,
@@ -205,6 +209,22 @@ def test_projection_read_in_the_wrong_order_fails(model, state, image, expected)
     main, _ = _psanet_logits(model, converted, image, stage3)
     with pytest.raises(AssertionError, match='differ by more than'):
         assert_logits_agree(main, want_main, RTOL, what='main logits')
+
+
+@pytest.mark.parametrize('psa_type', ['collect', 'distribute'])
+def test_a_one_branch_checkpoint_gives_the_reproductions_logits(state, image, psa_type):
+    """A one-branch model keeps its branch under psa.reduce_layer / psa.attention and its
+    projection reads it alone: nothing to reorder."""
+    one = {k: v for k, v in state.items() if not k.startswith(('psa.reduce_p.',
+                                                                 'psa.attention_p.'))}
+    one['psa.proj._conv.weight'] = state['psa.proj._conv.weight'][:, :PSA_CHANNELS]
+    want_main, _, stage3 = reproduction_logits(
+        one, image, branches=(('psa.reduce_layer', 'psa.attention', psa_type),))
+    model = build_psanet(psa_type=0 if psa_type == 'collect' else 1)
+    model.eval()
+    main, _ = _psanet_logits(model, convert_reproduction_state(one, model.state_dict()), image,
+                             stage3)
+    assert_logits_agree(main, want_main, RTOL, what=f'{psa_type} main logits')
 
 
 def test_detection_by_names(model, state):

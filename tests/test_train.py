@@ -187,11 +187,49 @@ def test_sampler_reshuffles_every_epoch_and_resumes_mid_epoch():
         sampler.set_epoch(epoch)
         epochs.append([i for batch in sampler for i in batch])
     assert all(len(e) == 9 and len(set(e)) == 9 for e in epochs)
-    assert epochs[0] != epochs[1] and epochs[1] != epochs[2]
+    assert len({tuple(e) for e in epochs}) == 3
     sampler.set_epoch(1)
     assert [i for batch in sampler for i in batch] == epochs[1]  # an epoch's order is fixed
     sampler.set_epoch(1, start_batch=2)
     assert [i for batch in sampler for i in batch] == epochs[1][6:]
+
+
+@pytest.mark.parametrize('num_workers', [0, 2])
+def test_train_reshuffles_and_reseeds_every_epoch(tmp_path, monkeypatch, num_workers):
+    root = helpers.write_toy_dataset(str(tmp_path / 'toy'), num_train=8, num_val=1)
+    config = helpers.write_config(tmp_path / 'toy.yml', helpers.toy_config(root))
+    _, model, dataset, optimizer, losses = _build(config)
+    read = []  # (the reader's epoch, index) of each sample, in the order the steps take them
+    original = SampleReader.__getitem__
+
+    def recording(self, index):  # in the worker processes too (they are forks)
+        sample = original(self, index)
+        sample['read'] = [self.epoch, int(index)]
+        return sample
+
+    def collate(samples):
+        batch = real_collate(samples)
+        batch['read'] = np.array([s['read'] for s in samples], 'int64')
+        return batch
+
+    def step(run, state, data, epoch):
+        read.extend(tuple(int(v) for v in pair) for pair in np.asarray(data['read']))
+        return real_step(run, state, data, epoch)
+
+    from psanet.core import loader as loader_module
+    from psanet.core import train as train_module
+    real_step, real_collate = train_module._train_step, loader_module.collate
+    monkeypatch.setattr(SampleReader, '__getitem__', recording)
+    monkeypatch.setattr(loader_module, 'collate', collate)
+    monkeypatch.setattr(train_module, '_train_step', step)
+    # 8 images, batch 2: 4 iterations an epoch, 12 iterations are 3 epochs.
+    train(model, dataset, optimizer, losses, iters=12, batch_size=2,
+          save_dir=str(tmp_path / 'out'), save_interval=12, num_workers=num_workers, seed=3)
+    epochs = [read[e * 8:(e + 1) * 8] for e in range(3)]
+    assert [[e for e, _ in epoch] for epoch in epochs] == [[e] * 8 for e in range(3)]
+    orders = [[i for _, i in epoch] for epoch in epochs]
+    assert all(sorted(order) == list(range(8)) for order in orders)
+    assert len({tuple(order) for order in orders}) == 3  # every epoch its own order
 
 
 def _epoch_order(seed, epoch=0, rank=0):
