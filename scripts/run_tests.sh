@@ -4,4 +4,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh --dev
 . .venv/bin/activate
-python -m pytest -q tests "$@"
+# pytest-timeout ends a test that hangs (and prints its stacks) rather than CI.
+python -m pytest -q --timeout 1200 --timeout_method thread tests "$@"

@@ -179,5 +179,6 @@ def test_command_line(fake, monkeypatch, capsys, tmp_path):
     printed = capsys.readouterr().out
     assert 'images without labels' in printed and f'{CITY}_000002_000019' in printed
     monkeypatch.setattr(sys, 'argv', ['prepare_cityscapes.py', '--root', str(tmp_path / 'nowhere')])
-    with pytest.raises(SystemExit, match='does not exist'):
+    with pytest.raises(SystemExit) as stop:
         runpy.run_path(script, run_name='__main__')
+    assert stop.value.code == 2 and 'does not exist' in capsys.readouterr().err

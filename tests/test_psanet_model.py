@@ -175,7 +175,7 @@ def test_compact_equals_full_window_op():
 
 def test_compact_wrong_map_size_is_a_clear_error():
     branch = PSABranch(8, 6, 0, 3, 4, 1, 1.0, True, compact=True)
-    with pytest.raises(ValueError, match=r'mask_h: 5 and mask_w: 6'):
+    with pytest.raises(ValueError, match=r'model.mask_h: 5 and model.mask_w: 6'):
         branch(paddle.randn([1, 8, 5, 6]))
 
 

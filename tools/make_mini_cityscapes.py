@@ -25,6 +25,10 @@ def parse_args(argv=None):
 if __name__ == '__main__':
     args = parse_args()
     try:
+        for flag, count in (('--num_train', args.num_train), ('--num_val', args.num_val)):
+            if count < 1:  # a dataset the Quick start can train and evaluate on
+                raise ValueError(f'{flag} must be a positive int (training and evaluation need '
+                                 f'an image each), got {count}')
         summary = generate(args.out, args.num_train, args.num_val, tuple(args.size), args.seed)
     except (ValueError, OSError) as error:  # OSError: --out is a file, or not writable
         print(f'error: {error}', file=sys.stderr)

@@ -630,8 +630,8 @@ def generate(root, num_train=40, num_val=10, size=(256, 128), seed=0, cities=Non
     Args:
         root (str): output folder; a previous mini Cityscapes there is replaced,
             any other dataset there is an error.
-        num_train (int, optional): train images, at least 1. Default: 40.
-        num_val (int, optional): val images, at least 1. Default: 10.
+        num_train (int, optional): train images. Default: 40.
+        num_val (int, optional): val images. Default: 10.
         size (tuple, optional): (width, height) of every image, at least (32, 16). Default: (256, 128).
         seed (int, optional): non-negative; the same seed gives byte-identical files. Default: 0.
         cities (optional): None for three real city names per split, a list of
@@ -648,12 +648,9 @@ def generate(root, num_train=40, num_val=10, size=(256, 128), seed=0, cities=Non
     width, height = (int(v) for v in size)
     if width < MIN_SIZE[0] or height < MIN_SIZE[1]:
         raise ValueError(f'size (width, height) must be at least {MIN_SIZE}, got {tuple(size)}')
-    for name, value, least in (('num_train', num_train, 1), ('num_val', num_val, 1),
-                               ('seed', seed, 0)):
-        if not isinstance(value, (int, np.integer)) or value < least:
-            what = 'a positive int (training and evaluation need an image each)' if least \
-                else 'a non-negative int'
-            raise ValueError(f'--{name} must be {what}, got {value!r}')
+    for name, value in (('num_train', num_train), ('num_val', num_val), ('seed', seed)):
+        if not isinstance(value, (int, np.integer)) or value < 0:
+            raise ValueError(f'{name} must be a non-negative int, got {value!r}')
     counts = {'train': int(num_train), 'val': int(num_val)}
     split_cities = {split: _cities(cities, split) for split in counts}
     _prepare_root(root)
