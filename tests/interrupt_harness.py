@@ -11,7 +11,8 @@ step, between steps, workers starting, evaluation, checkpoint); each trial
 targets one phase in turn, waits for a random number of its occurrences and a
 random moment within it (``PHASE_DELAY``), and sends SIGTERM or SIGINT to
 the run's main process or to its whole group (a terminal's Ctrl-C, a
-scheduler). A run must exit with 128 + the signal
+scheduler). (A signal before train.py's ``run_cli`` meets Paddle's handler or
+the default one; start-up here begins inside ``run_cli``.) A run must exit with 128 + the signal
 within ``--bound`` seconds, print no traceback, end with the one ``error:``
 line, leave no process of its group behind and no hidden temporary in its
 save_dir. A run that does not exit in time has its Python stacks dumped (the
@@ -43,9 +44,9 @@ def _write_phase(fd, phase):
 def _read_phase(path):
     try:
         with open(path, 'rb') as f:
-            return f.read(PHASE_WIDTH).decode().strip() or 'start-up'
+            return f.read(PHASE_WIDTH).decode().strip() or 'launching'
     except OSError:
-        return 'start-up'
+        return 'launching'
 
 
 def _track_phases(phase_path):
@@ -72,7 +73,7 @@ def _track_phases(phase_path):
     tracked(train, '_evaluate', 'evaluate')
     tracked(checkpoint, 'save_checkpoint', 'checkpoint')
     tracked(checkpoint, 'prune_checkpoints', 'checkpoint-prune')
-    _write_phase(fd, 'start-up')
+    return fd
 
 
 def _run_child(config, save_dir, phase_path, num_workers, log_path):
@@ -88,8 +89,14 @@ def _run_child(config, save_dir, phase_path, num_workers, log_path):
         faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
         from psanet.cli import exit_with, run_cli
         from psanet.core.train import train_from_config
-        _track_phases(phase_path)
-        exit_with(run_cli(train_from_config, config=config, device='cpu', save_dir=save_dir,
+        fd = _track_phases(phase_path)
+
+        def train(**kwargs):
+            # Start-up begins where train.py's begins: in run_cli, its handlers installed.
+            _write_phase(fd, 'start-up')
+            return train_from_config(**kwargs)
+
+        exit_with(run_cli(train, config=config, device='cpu', save_dir=save_dir,
                           iters=1000000, save_interval=2, log_iters=1000,
                           keep_checkpoint_max=2, num_workers=num_workers, do_eval=True,
                           seed=0))
@@ -184,7 +191,8 @@ def _wait_for_phase(pid, phase_path, target, occurrences, give_up):
     return False
 
 
-def run_trials(trials, seed, bound, max_delay, num_workers, load, work_dir, log=print):
+def run_trials(trials, seed, bound, max_delay, num_workers, load, work_dir, phases=PHASES,
+               log=print):
     """Runs the trials; returns a list of dicts, one per trial."""
     sys.path[:0] = [TESTS, ROOT]
     import engine_helpers as helpers  # registers TinySegNet; imports Paddle and paddleseg
@@ -200,7 +208,7 @@ def run_trials(trials, seed, bound, max_delay, num_workers, load, work_dir, log=
         for trial in range(trials):
             signum = rng.choice([signal.SIGTERM, signal.SIGINT])
             to_group = rng.random() < 0.5
-            target = PHASES[trial % len(PHASES)]
+            target = phases[trial % len(phases)]
             occurrences = rng.randint(1, 4)
             delay = rng.uniform(0.0, PHASE_DELAY.get(target, 0.005))
             save_dir = os.path.join(work_dir, f'run{trial}')
@@ -216,8 +224,9 @@ def run_trials(trials, seed, bound, max_delay, num_workers, load, work_dir, log=
             except OSError:
                 pass  # the child did it first
             started = time.monotonic()
-            if target != 'start-up' and not _wait_for_phase(pid, phase_path, target,
-                                                             occurrences, started + max_delay):
+            if not _wait_for_phase(pid, phase_path, target,
+                                   1 if target == 'start-up' else occurrences,
+                                   started + max_delay):
                 target += ' (not reached)'
             status = _wait(pid, time.monotonic() + delay)
             phase = _read_phase(phase_path)
@@ -283,12 +292,14 @@ def main(argv=None):
     parser.add_argument('--num_workers', type=int, default=2)
     parser.add_argument('--load', type=int, default=os.cpu_count() or 1,
                         help='Busy-loop processes beside the trials.')
+    parser.add_argument('--phases', nargs='+', choices=PHASES, default=PHASES,
+                        help='The phases to signal in, in turn.')
     parser.add_argument('--work_dir', default=None)
     parser.add_argument('--json', default=None, help='Write the results to this file.')
     args = parser.parse_args(argv)
     work_dir = args.work_dir or tempfile.mkdtemp(prefix='psanet-interrupts-')
     results = run_trials(args.trials, args.seed, args.bound, args.max_delay, args.num_workers,
-                         args.load, work_dir)
+                         args.load, work_dir, tuple(args.phases))
     failed = [r for r in results if r['problems']]
     print(f'{len(results) - len(failed)} of {len(results)} trials ended as they should '
           f'(work dir {work_dir})')

@@ -62,22 +62,23 @@ def own_save_dir(save_dir, resume_model=None, overwrite=False, logger=None):
     key = os.path.realpath(save_dir)
     lock, error, in_the_way = None, None, []
     if dist.is_main_process():
-        try:
-            lock = _SaveDirLock(save_dir, logger)
-            ckpt.remove_stale_temporaries(save_dir)
-            in_the_way = _refuse_or_clear(save_dir, resume_model, overwrite)
-        except Exception as caught:  # the other ranks must hear of it before anyone raises
-            error = caught
-    if dist.all_reduce_sum([error is not None])[0] > 0:
-        if lock is not None:
-            lock.release()
-        if error is not None:
-            raise error
-        raise ConfigError(f'rank 0 refused --save_dir {save_dir}: its error says why '
-                          '(workerlog.0 with paddle.distributed.launch).')
-    if lock is not None and in_the_way:
-        _PENDING[key] = (in_the_way, logger)
+        # A signal while the lock file is made would leave it behind: raised once it is held.
+        with interrupts.deferred():
+            try:
+                lock = _SaveDirLock(save_dir, logger)
+                ckpt.remove_stale_temporaries(save_dir)
+                in_the_way = _refuse_or_clear(save_dir, resume_model, overwrite)
+            except Exception as caught:  # the other ranks must hear of it before anyone raises
+                error = caught
     try:
+        if dist.all_reduce_sum([error is not None])[0] > 0:
+            if error is not None:
+                raise error
+            raise ConfigError(f'rank 0 refused --save_dir {save_dir}: its error says why '
+                              '(workerlog.0 with paddle.distributed.launch).')
+        if lock is not None and in_the_way:
+            _PENDING[key] = (in_the_way, logger)
+        interrupts.raise_if_interrupted()
         yield
     except KeyboardInterrupt as stop:
         raise Interrupted(_stopped_message(stop, save_dir, resume_model),
@@ -91,8 +92,9 @@ def own_save_dir(save_dir, resume_model=None, overwrite=False, logger=None):
     finally:
         _PENDING.pop(key, None)
         if lock is not None:
-            ckpt.remove_stale_temporaries(save_dir)
-            lock.release()
+            with interrupts.deferred():  # a signal now must not leave the lock file behind
+                ckpt.remove_stale_temporaries(save_dir)
+                lock.release()
 
 
 def _names(paths):
