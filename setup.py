@@ -16,6 +16,12 @@ from setuptools.dist import Distribution
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def _requirements(name):
+    with open(os.path.join(HERE, name)) as f:
+        lines = (line.split('#')[0].strip() for line in f)
+        return [line for line in lines if line and line not in ('setuptools', 'wheel')]
+
+
 class BuildPyWithOp(build_py):
     """Copies the Python files, then compiles ops/ into psanet/ops/psa_mask_op.so."""
 
@@ -40,9 +46,11 @@ setup(
     version='0.1.0',
     description='PSANet (point-wise spatial attention) for PaddlePaddle / PaddleSeg',
     packages=find_packages(include=['psanet', 'psanet.*']),
-    python_requires='>=3.8',
-    install_requires=['paddleseg==2.8.0', 'numpy<2', 'opencv-python<=4.6.0.66', 'Pillow', 'pyyaml',
-                      'cityscapesScripts>=2.2'],
+    python_requires='>=3.9',
+    # requirements.txt: what psanet and paddleseg 2.8.0 import. paddleseg itself is not
+    # listed, as its declared opencv-python<=4.6 pin forces numpy<2: install it with
+    # `pip install --no-deps -r requirements-paddleseg.txt` (README, Install).
+    install_requires=_requirements('requirements.txt'),
     cmdclass={'build_py': BuildPyWithOp},
     distclass=BinaryDistribution,
     zip_safe=False,

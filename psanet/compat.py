@@ -56,14 +56,24 @@ that need it; the check that turns it off; where it lives.
    their shared memory in /dev/shm). ``shut_down_loader`` calls the
    iterator's private ``_try_shutdown_all``. None filed. Paddle 3.x (3.3.1).
    No check: it does what the end of an epoch does. psanet/core/loader.py.
+11. cityscapesScripts (2.3.0, the newest) calls ``np.in1d``, which numpy 2.4
+   removed: its evaluators fail with AttributeError. ``numpy.in1d`` is set to
+   the same function on ``np.isin``, in the evaluator's process only
+   (tools/evaluate_cityscapes.py). None filed. numpy >= 2.4 with
+   cityscapesScripts <= 2.3.0. Check: numpy has no ``in1d``.
+   ``cityscapes_evaluator_fix``; tests/test_cityscapes_evaluator.py fails once
+   cityscapesScripts stops calling it.
 
 Issues: https://github.com/PaddlePaddle/Paddle/issues/<n> and
 https://github.com/PaddlePaddle/PaddleSeg/issues/<n>.
 
-``import psanet`` filters the warning (1) and applies the paddleseg fixes (8,
-9); the predictor calls ``configure_inference`` (2, 3). The op's own (4 to 7)
-live with the op, which imports nothing of ours. This module imports paddle
-(to check its version) and nothing of ours, and paddleseg only in
+``import psanet`` filters the warning (1), says in one line what to install when
+paddleseg is missing (``require_paddleseg``) and applies the paddleseg fixes (8,
+9); the predictor calls ``configure_inference`` (2, 3); the engine's loaders
+call ``shut_down_loader`` (10); tools/evaluate_cityscapes.py calls
+``cityscapes_evaluator_fix`` (11). The op's own (4 to 7) live with the op,
+which imports nothing of ours. This module imports paddle (to check its
+version) and nothing of ours, and paddleseg only in ``require_paddleseg`` and
 ``apply_paddleseg_fixes``: the runtime may import it without the training stack.
 
 To retire a workaround once upstream fixes it, set ``fixed`` of its record to
@@ -88,7 +98,8 @@ import paddle  # noqa: E402
 __all__ = ['Workaround', 'MEMORY_OPTIM', 'ONEDNN_PLACEMENT', 'PADDLESEG_CROSS_ENTROPY',
            'PADDLESEG_CALCULATE_AREA', 'configure_inference', 'apply_paddleseg_fixes',
            'cross_entropy_post_process_loss', 'calculate_area', 'FIXES', 'ORIGINALS',
-           'shut_down_loader']
+           'shut_down_loader', 'require_paddleseg', 'PADDLESEG_INSTALL',
+           'cityscapes_evaluator_fix']
 
 _ISSUES = 'https://github.com/PaddlePaddle/{}/issues/{}'
 
@@ -263,6 +274,41 @@ def calculate_area(pred, label, num_classes, ignore_index=255):
 FIXES = ()
 # The replaced functions, for tests that check the fixes are still needed.
 ORIGINALS = {}
+
+
+def _in1d(ar1, ar2, assume_unique=False, invert=False):
+    """numpy < 2.4's ``in1d``: ``isin`` flattened."""
+    import numpy
+    return numpy.isin(ar1, ar2, assume_unique=assume_unique, invert=invert).ravel()
+
+
+def cityscapes_evaluator_fix():
+    """Gives numpy its ``in1d`` back for cityscapesScripts' evaluators (11); call it only in
+    the evaluator's process. Returns True when numpy lacked it."""
+    import numpy
+    if hasattr(numpy, 'in1d'):
+        return False
+    numpy.in1d = _in1d
+    return True
+
+
+PADDLESEG_INSTALL = ('pip install -r requirements.txt && pip install --no-deps -r '
+                     'requirements-paddleseg.txt')
+
+
+def require_paddleseg():
+    """Raises ImportError in one line saying what to install when paddleseg, or a module
+    it imports without declaring it, is missing."""
+    try:
+        import paddleseg  # noqa: F401
+    except ModuleNotFoundError as error:
+        if error.name == 'paddleseg':
+            what = 'psanet needs paddleseg 2.8.0'
+        else:
+            what = f'paddleseg needs {error.name}, which is not installed'
+        raise ImportError(f'{what}: {PADDLESEG_INSTALL} (in the repository; paddleseg goes '
+                          'without its dependencies, whose opencv<=4.6 pin forces numpy<2).'
+                          ) from None
 
 
 def apply_paddleseg_fixes():

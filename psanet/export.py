@@ -122,7 +122,8 @@ def _check_onnx_tools():
     missing = [name for name in ('paddle2onnx', 'onnxruntime')
                if importlib.util.find_spec(name) is None]
     if missing:
-        raise ConfigError(f'--onnx needs {" and ".join(missing)}, which is not installed: '
+        verb = 'is' if len(missing) == 1 else 'are'
+        raise ConfigError(f'--onnx needs {" and ".join(missing)}, which {verb} not installed: '
                           f'{ONNX_INSTALL} (paddle2onnx has no wheels for Python 3.13 yet), '
                           'or export without --onnx.')
 

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
-. .venv/bin/activate
+. "${VENV:-.venv}/bin/activate"
 
 CONFIG=${CONFIG:-configs/psanet/psanet_resnet18_os8_mini_cityscapes_128x64_100.yml}
 DATA=data/mini_cityscapes

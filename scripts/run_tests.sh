@@ -3,6 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh --dev
-. .venv/bin/activate
+. "${VENV:-.venv}/bin/activate"
 # pytest-timeout ends a test that hangs (and prints its stacks) rather than CI.
 python -m pytest -q --timeout 1200 --timeout_method thread tests "$@"

@@ -1,22 +1,29 @@
 #!/usr/bin/env bash
-# Creates .venv (if missing) with Paddle, paddleseg and the op; --dev adds the test and
-# ONNX tools. Idempotent. PADDLE_PACKAGE overrides the Paddle wheel
-# (e.g. PADDLE_PACKAGE=paddlepaddle-gpu==3.3.1).
+# Creates a virtual environment (if missing) with Paddle, paddleseg and the op; --dev adds
+# the test and ONNX tools. Idempotent.
+#   PYTHON          the interpreter (default python3)
+#   VENV            the environment's folder (default .venv)
+#   PADDLE_PACKAGE  the Paddle wheel (default paddlepaddle==3.3.1; e.g. paddlepaddle-gpu==3.3.1)
+#   PIP_CONSTRAINT  pip's own: e.g. a file holding numpy<2 to stay on numpy 1.x
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+VENV=${VENV:-.venv}
 REQUIREMENTS=requirements.txt
 if [ "${1:-}" = "--dev" ]; then
   REQUIREMENTS=requirements-dev.txt
 fi
-if [ ! -x .venv/bin/python ]; then
-  "$PY" -m venv .venv
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY" -m venv "$VENV"
 fi
-. .venv/bin/activate
+. "$VENV/bin/activate"
 if ! python -c "import paddle" 2>/dev/null; then
   pip install -q "${PADDLE_PACKAGE:-paddlepaddle==3.3.1}"
 fi
 pip install -q -r "$REQUIREMENTS"
+# paddleseg without its stale pins (opencv-python<=4.6, so numpy<2): requirements.txt
+# lists what it imports.
+pip install -q --no-deps -r requirements-paddleseg.txt
 # Build the op once now rather than inside the first test or training run.
 python -c "from psanet.ops import load_library; print('psa_mask op:', load_library())" 2>&1 \
   | grep -v -i -e 'ccache' -e 'warnings.warn'

@@ -9,7 +9,7 @@ import pytest
 from paddleseg.models.losses import CrossEntropyLoss
 from paddleseg.utils import metrics
 
-from conftest import run_process
+from conftest import ROOT, run_process
 from predictor_helpers import cpu_config, predict
 from psanet import compat
 
@@ -195,3 +195,18 @@ def test_importing_compat_imports_no_paddleseg():
     assert result.returncode == 0, result.stderr
     assert result.stdout.split('\n')[-2] == '[]', result.stdout
     assert 'ccache' not in result.stderr.lower(), result.stderr
+
+
+@pytest.mark.parametrize('missing, said', [
+    ('paddleseg', 'psanet needs paddleseg 2.8.0'),
+    ('six', 'paddleseg needs six, which is not installed'),
+])
+def test_import_psanet_without_paddleseg_says_what_to_install(missing, said):
+    code = (f"import sys; sys.modules[{missing!r}] = None\n"
+            "try:\n    import psanet\nexcept ImportError as error:\n    print(error)\n")
+    result = run_process([sys.executable, '-c', code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    line, = result.stdout.strip().splitlines()
+    assert line.startswith(f'{said}: pip install -r requirements.txt && pip install --no-deps '
+                           '-r requirements-paddleseg.txt'), line

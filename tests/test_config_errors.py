@@ -227,3 +227,17 @@ def test_val_with_weights_does_not_announce_training_from_scratch(tmp_path, caps
     out = capsys.readouterr().out
     assert 'Loaded weights' in out and '[EVAL]' in out
     assert 'trained from scratch' not in out and 'pretrained' not in out.lower(), out
+
+
+def test_use_vdl_without_visualdl_names_the_install(tmp_path, capsys, monkeypatch):
+    import sys
+    root = str(tmp_path / 'mini')
+    generate_mini_cityscapes(root, num_train=2, num_val=1, size=(64, 32), seed=0)
+    monkeypatch.setitem(sys.modules, 'visualdl', None)  # as if it were not installed
+    line = one_error_line(capsys, train_from_config, MINI_CONFIG, device='cpu',
+                          save_dir=str(tmp_path / 'out'), iters=1, use_vdl=True,
+                          opts=[f'train_dataset.dataset_root={root}',
+                                f'val_dataset.dataset_root={root}'])
+    assert line == ('error: --use_vdl needs VisualDL, which is not installed: pip install '
+                    'visualdl (or train without --use_vdl).')
+    assert not os.path.exists(tmp_path / 'out' / 'iter_1')

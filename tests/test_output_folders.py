@@ -111,10 +111,10 @@ def test_onnx_without_paddle2onnx_is_refused_before_anything_is_written(first_ex
     before = _snapshot(folder)
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *args: None
-                        if name == 'paddle2onnx' else real_find_spec(name, *args))
+                        if name in ('paddle2onnx', 'onnxruntime') else real_find_spec(name, *args))
     with pytest.raises(export_module.ConfigError,
-                       match='--onnx needs paddle2onnx, which is not installed: pip install '
-                       'paddle2onnx onnxruntime'):
+                       match='--onnx needs paddle2onnx and onnxruntime, which are not installed: '
+                       'pip install paddle2onnx onnxruntime'):
         export_model(model, [{'type': 'Normalize'}], str(folder), output_op='none',
                      psa_impl='paddle', onnx=True)
     assert _snapshot(folder) == before
@@ -128,6 +128,7 @@ def test_a_failed_re_export_leaves_the_previous_export_whole(first_export, monke
         raise RuntimeError('paddle2onnx failed (simulated)')
 
     monkeypatch.setattr(export_module, 'export_onnx', broken_converter)
+    monkeypatch.setattr(export_module, '_check_onnx_tools', lambda: None)  # also without them
     with pytest.raises(RuntimeError, match='simulated'):
         export_model(model, [{'type': 'Normalize'}], str(folder), output_op='none',
                      psa_impl='paddle', onnx=True)

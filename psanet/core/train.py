@@ -327,6 +327,8 @@ def _train(model, train_dataset, optimizer, losses, iters, batch_size, val_datas
                     log_iters=log_iters)
     _check_not_negative(num_workers=(num_workers, 'load in the main process'),
                         keep_checkpoint_max=(keep_checkpoint_max, 'keep every checkpoint'))
+    if use_vdl and main:
+        _check_visualdl()
     scheduler = _lr_scheduler(optimizer)
     test_config = merge_test_config(test_config or {})
     state, saved = _resume(resume_model, model, optimizer, scheduler, iters, seed, logger)
@@ -486,6 +488,17 @@ def _mixed_precision_setup(model, optimizer, precision, amp_level, saved, logger
         model, optimizer = paddle.amp.decorate(models=model, optimizers=optimizer, level='O2',
                                                save_dtype='float32')
     return model, optimizer, scaler
+
+
+def _check_visualdl():
+    import importlib.util
+    try:
+        found = importlib.util.find_spec('visualdl') is not None
+    except ValueError:  # a module set to None in sys.modules
+        found = False
+    if not found:
+        raise ConfigError('--use_vdl needs VisualDL, which is not installed: pip install '
+                          'visualdl (or train without --use_vdl).')
 
 
 def _visualdl_writer(save_dir):
