@@ -46,8 +46,8 @@ def interrupted_error(signum):
 
 
 def pending():
-    """The signal number this run received, or None."""
-    return _state.signum
+    """The signal number this run received (within :func:`signals_raise`), or None."""
+    return _state.signum if _state.owner == os.getpid() else None
 
 
 def raise_if_interrupted():
@@ -121,8 +121,7 @@ def signals_raise():
         sys.unraisablehook = previous_hook
         for signum, handler in previous.items():
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
-        _state.owner = None
-        _state.defer = 0
+        _state.owner, _state.signum, _state.raised, _state.defer = None, None, False, 0
 
 
 @contextlib.contextmanager
