@@ -494,7 +494,7 @@ def _check_visualdl():
     import importlib.util
     try:
         found = importlib.util.find_spec('visualdl') is not None
-    except ValueError:  # a module set to None in sys.modules
+    except ValueError:  # a visualdl in sys.modules without a __spec__
         found = False
     if not found:
         raise ConfigError('--use_vdl needs VisualDL, which is not installed: pip install '
