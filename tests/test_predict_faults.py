@@ -79,9 +79,8 @@ def test_estimate_equals_the_op_output(mini, batch, height, width):
     model = mini[0]
     seen = op_outputs(model, paddle.zeros([batch, 3, height, width]))
     assert len(seen) == 2  # bi-direction: collect and distribute
-    shapes = infer.attention_map_shapes(model, height, width, batch)
-    assert shapes == [shape for shape, _ in seen]
-    estimate = infer.attention_memory(model, height, width, batch)
+    estimate = model.attention_memory(height, width, batch)
+    assert estimate['shapes'] == [shape for shape, _ in seen]
     assert estimate['map_bytes'] == max(size for _, size in seen)
     assert estimate['shape'] == expected_attention(height, width, 8, MINI_MODEL['shrink_factor'],
                                                    batch)
@@ -94,7 +93,7 @@ def test_estimate_follows_stride_shrink_and_branches():
     model.eval()
     seen = op_outputs(model, paddle.zeros([1, 3, 100, 131]))
     assert [shape for shape, _ in seen] == [expected_attention(100, 131, 16, 3)]
-    assert infer.attention_memory(model, 100, 131)['map_bytes'] == seen[0][1]
+    assert model.attention_memory(100, 131)['map_bytes'] == seen[0][1]
 
 
 def test_estimate_under_fp16_autocast_counts_the_float32_softmax(mini, monkeypatch):
@@ -102,7 +101,7 @@ def test_estimate_under_fp16_autocast_counts_the_float32_softmax(mini, monkeypat
     # fp16 black list, so the half map, its float32 copy and the float32 softmax coexist.
     monkeypatch.setattr(infer.paddle.amp, 'is_autocast_enabled', lambda: True)
     monkeypatch.setattr(infer.paddle.amp, 'get_autocast_dtype', lambda: 'float16')
-    estimate = infer.attention_memory(mini[0], 67, 90)
+    estimate = mini[0].attention_memory(67, 90)
     elements = math.prod(expected_attention(67, 90, 8, MINI_MODEL['shrink_factor']))
     assert estimate['dtype'] == 'float16' and estimate['map_bytes'] == 2 * elements
     assert estimate['peak_bytes'] == (2 + 4 + 4) * elements

@@ -40,19 +40,16 @@ logits; they stay here so that this module does not import
 """
 import collections.abc
 import math
-import weakref
 
 import numpy as np
 import paddle
 import paddle.nn.functional as F
 
 from psanet.errors import ConfigError, InferenceMemoryError
-from psanet.models.psanet import PSABranch
 
 __all__ = ['reverse_transform', 'slide_windows', 'slide_inference', 'inference',
            'aug_inference', 'AUG_COMBINES', 'flip_combinations', 'check_slide_args',
-           'available_memory',
-           'attention_map_shapes', 'attention_memory', 'check_attention_memory']
+           'available_memory', 'check_attention_memory']
 
 
 def reverse_transform(logit, trans_info, mode='bilinear'):
@@ -285,20 +282,15 @@ def _scaled_size(height, width, scale):
     return int(height * scale + 0.5), int(width * scale + 0.5)
 
 
-# --- Memory of PSANet's attention maps -------------------------------------------------------
+# --- Memory of attention maps ----------------------------------------------------------------
 #
-# Each PSA branch builds a dense [N, h*w, h, w] attention map over the shrunk
-# feature map (h, w), so its size grows with the 4th power of the input side:
-# 15.6 GB for one 4000x4000 image at output stride 8 and shrink factor 2.
-# Branches run one after another; while a branch softmaxes its map, the map
-# and its softmax are both alive, which is the peak checked here.
+# A model that offers ``attention_memory(height, width, batch, channels, dtype)``
+# (PSANet does) is asked, before it runs, what its attention maps will take at
+# each network input size; other models pass unchecked.
 
 # A suggested window leaves this share of the available memory to the rest of
 # the network (backbone activations, the logits of the whole image).
 _SUGGESTION_SHARE = 0.5
-# Probe sizes that tell the backbone's output stride and its rounding (ceil).
-_PROBES = ((64, 96), (65, 97))
-_feature_strides = weakref.WeakKeyDictionary()
 
 
 def _format_bytes(size):
@@ -343,129 +335,23 @@ def available_memory(place=None):
     return None
 
 
-def _psa_branches(model):
-    return [layer for layer in model.sublayers() if isinstance(layer, PSABranch)]
-
-
-def _feature_stride(model, channels, dtype):
-    """The stride of the backbone output the PSA head takes, or None when not a plain one.
-
-    Told from two small probe inputs rather than from the config, so that any
-    backbone works; a backbone whose output size is not ``ceil(size / stride)``
-    gets None (and no memory check).
-    """
-    backbone, indices = getattr(model, 'backbone', None), getattr(model, 'backbone_indices', None)
-    if backbone is None or indices is None:
+def _attention_memory(model, image, height, width):
+    """The model's attention plan for a ``height x width`` input of ``image``'s batch, or None."""
+    plan = getattr(model, 'attention_memory', None)
+    if not callable(plan):
         return None
-    if backbone in _feature_strides:
-        return _feature_strides[backbone]
-    was_training = backbone.training
-    backbone.eval()  # no batch-norm statistics change from the probes
-    try:
-        with paddle.no_grad():
-            sizes = [tuple(int(s) for s in backbone(paddle.zeros([1, channels, h, w], dtype))
-                           [indices[1]].shape[-2:]) for h, w in _PROBES]
-    finally:
-        if was_training:
-            backbone.train()
-    probe_h, stride = _PROBES[0][0], None
-    if sizes[0][0] > 0 and probe_h % sizes[0][0] == 0:
-        candidate = probe_h // sizes[0][0]
-        if all(size == (math.ceil(h / candidate), math.ceil(w / candidate))
-               for size, (h, w) in zip(sizes, _PROBES)):
-            stride = candidate
-    _feature_strides[backbone] = stride
-    return stride
-
-
-def attention_map_shapes(model, height, width, batch=1, channels=3, dtype='float32'):
-    """The ``[N, h*w, h, w]`` attention map each PSA branch builds for a network input.
-
-    Args:
-        model (paddle.nn.Layer): the model (PSANet; any other model has no branches).
-        height (int): network input height.
-        width (int): network input width.
-        batch (int, optional): N. Default: 1.
-        channels (int, optional): input channels, for the backbone probe. Default: 3.
-        dtype (str, optional): input dtype, for the backbone probe. Default: 'float32'.
-
-    Returns:
-        list | None: one shape per branch ([] for a model without PSA branches),
-        or None when the backbone's output size cannot be told.
-    """
-    branches = _psa_branches(model)
-    if not branches:
-        return []
-    stride = _feature_stride(model, channels, dtype)
-    if stride is None:
-        return None
-    feature_h, feature_w = math.ceil(height / stride), math.ceil(width / stride)
-    shapes = []
-    for branch in branches:
-        # PSABranch.shrink: ((H - 1) // s + 1, (W - 1) // s + 1).
-        h = (feature_h - 1) // branch.shrink_factor + 1
-        w = (feature_w - 1) // branch.shrink_factor + 1
-        shapes.append([int(batch), h * w, h, w])
-    return shapes
-
-
-_ELEMENT_BYTES = {paddle.float16: 2, paddle.bfloat16: 2, paddle.float32: 4, paddle.float64: 8}
-
-
-def _attention_dtype(branch):
-    if paddle.amp.is_autocast_enabled():
-        return paddle.amp.get_autocast_dtype()
-    return branch.attention[-1].weight.dtype
-
-
-def attention_memory(model, height, width, batch=1, channels=3, dtype='float32'):
-    """Memory of the PSA attention maps for a ``height x width`` network input.
-
-    Args: as :func:`attention_map_shapes`.
-
-    Returns:
-        dict | None: ``shape`` (of the largest map), ``dtype``, ``map_bytes``
-        (that map), ``peak_bytes`` (the map and its softmax, alive together; under
-        fp16 autocast also the float32 copy softmax takes), and
-        ``branches``; None for a model without PSA branches or whose backbone
-        output size cannot be told.
-    """
-    shapes = attention_map_shapes(model, height, width, batch, channels, dtype)
-    if not shapes:
-        return None
-    best = None
-    for branch, shape in zip(_psa_branches(model), shapes):
-        map_dtype = _attention_dtype(branch)
-        if isinstance(map_dtype, str):
-            map_dtype = getattr(paddle, map_dtype)
-        elements = math.prod(shape)
-        map_bytes = elements * _ELEMENT_BYTES.get(map_dtype, 4)
-        peak = map_bytes
-        if branch.psa_softmax:
-            # softmax is on Paddle's fp16 black list: under autocast a half map is cast
-            # to a float32 copy and softmaxed into another float32 tensor, all alive at once.
-            softmax_bytes = elements * max(_ELEMENT_BYTES.get(map_dtype, 4), 4)
-            copy_bytes = softmax_bytes if softmax_bytes > map_bytes else 0
-            peak = map_bytes + copy_bytes + softmax_bytes
-        if best is None or peak > best['peak_bytes']:
-            best = {'shape': shape, 'dtype': str(map_dtype).replace('paddle.', ''),
-                    'map_bytes': map_bytes, 'peak_bytes': peak}
-    best['branches'] = len(shapes)
-    return best
+    return plan(height, width, int(image.shape[0]), int(image.shape[1]), image.dtype)
 
 
 def _fits(model, image, height, width, budget):
-    need = attention_memory(model, height, width, int(image.shape[0]), int(image.shape[1]),
-                            image.dtype)
+    need = _attention_memory(model, image, height, width)
     return need is None or need['peak_bytes'] <= budget
 
 
 def _suggest_crop(model, image, height, width, budget):
     """The largest window of about the input's aspect whose attention fits ``budget``."""
-    stride = _feature_stride(model, int(image.shape[1]), image.dtype) or 1
-    unit = stride * max(branch.shrink_factor for branch in _psa_branches(model))
-    need = attention_memory(model, height, width, int(image.shape[0]), int(image.shape[1]),
-                            image.dtype)
+    need = _attention_memory(model, image, height, width)
+    unit = need['input_unit'] if need else 1
     # The map grows with the square of the area, so with the 4th power of the side.
     factor = min(1.0, (budget / need['peak_bytes']) ** 0.25) if need else 1.0
     crop_h = max(unit, int(height * factor) // unit * unit)
@@ -493,7 +379,7 @@ def _suggest_scale(model, image, height, width, budget):
 def _memory_advice(model, image, height, width, scales=None, available=None):
     """How to run a ``height x width`` input in the memory there is: a window, or smaller scales."""
     available = available_memory(image.place) if available is None else available
-    if not _psa_branches(model) or available is None:
+    if _attention_memory(model, image, height, width) is None or available is None:
         return ('use sliding windows (--is_slide --crop_size W H --stride W H) with a smaller '
                 'crop, or smaller --scales.')
     budget = available * _SUGGESTION_SHARE
@@ -531,7 +417,7 @@ def check_attention_memory(model, image, scales=None, is_slide=False, crop_size=
         InferenceMemoryError: naming the memory needed and available, and a
             window (``--is_slide --crop_size``) or scale that fits.
     """
-    if not _psa_branches(model):
+    if not callable(getattr(model, 'attention_memory', None)):
         return
     available = available_memory(image.place)
     if available is None:
@@ -542,8 +428,7 @@ def check_attention_memory(model, image, scales=None, is_slide=False, crop_size=
         h, w = _scaled_size(height, width, scale)
         if is_slide:
             h, w = min(h, int(crop_size[1])), min(w, int(crop_size[0]))
-        need = attention_memory(model, h, w, int(image.shape[0]), int(image.shape[1]),
-                                image.dtype)
+        need = _attention_memory(model, image, h, w)
         if need is None:
             return
         if worst is None or need['peak_bytes'] > worst[0]['peak_bytes']:
@@ -556,7 +441,7 @@ def check_attention_memory(model, image, scales=None, is_slide=False, crop_size=
     what = f'{w}x{h} windows' if is_slide else f'a {w}x{h} network input'
     raise InferenceMemoryError(
         f'{what} need{"" if is_slide else "s"} {_format_bytes(need["peak_bytes"])} for '
-        f'PSANet\'s attention (each branch\'s map {need["shape"]} {need["dtype"]} is '
+        f'the model\'s attention (each branch\'s map {need["shape"]} {need["dtype"]} is '
         f'{_format_bytes(need["map_bytes"])}{softmax}), but only '
         f'{_format_bytes(available)} of {where} memory is available; '
         f'{_memory_advice(model, image, height, width, scales, available)}')

@@ -5,6 +5,7 @@ which semseg and mmsegmentation share: no bias on a convolution followed by
 BatchNorm nor on the attention convolution. Its released checkpoint loads
 through :mod:`psanet.models.reproduction`.
 """
+import math
 import os
 from urllib.parse import urlparse
 
@@ -23,6 +24,9 @@ from psanet.ops import PSAMask
 __all__ = ['PSANet', 'PSAHead', 'PSABranch']
 
 _COLLECT, _DISTRIBUTE, _BIDIRECTION = 0, 1, 2
+_ELEMENT_BYTES = {paddle.float16: 2, paddle.bfloat16: 2, paddle.float32: 4, paddle.float64: 8}
+# Probe input sizes that tell the backbone's output stride and its rounding (ceil).
+_STRIDE_PROBES = ((64, 96), (65, 97))
 
 
 def _is_int(value):
@@ -121,6 +125,65 @@ class PSANet(nn.Layer):
             F.interpolate(logit, paddle.shape(x)[2:], mode='bilinear',
                           align_corners=self.align_corners) for logit in logit_list
         ]
+
+    def attention_memory(self, height, width, batch=1, channels=3, dtype='float32'):
+        """Memory of the attention maps for a ``[batch, channels, height, width]`` input.
+
+        Each PSA branch builds a dense [N, h*w, h, w] map over the shrunk feature
+        map (h, w), which grows with the 4th power of the input side (15.6 GB for
+        one 4000x4000 image at output stride 8 and shrink factor 2). Branches run
+        one after another; while a branch softmaxes its map, the map and its
+        softmax are both alive: that is the peak.
+
+        Returns:
+            dict | None: ``shapes`` (one per branch), ``shape``, ``dtype``,
+            ``map_bytes`` and ``peak_bytes`` of the branch with the largest peak,
+            and ``input_unit`` (the input size step that grows the map by one);
+            None without PSA branches, or when the backbone's output size is not
+            ``ceil(size / stride)``.
+        """
+        branches = list(self.head.branches) if self.head.use_psa else []
+        stride = self._feature_stride(channels, dtype) if branches else None
+        if stride is None:
+            return None
+        feature_h, feature_w = math.ceil(height / stride), math.ceil(width / stride)
+        plan = {'shapes': [], 'peak_bytes': -1, 'branches': len(branches),
+                'input_unit': stride * max(branch.shrink_factor for branch in branches)}
+        for branch in branches:
+            h, w = branch.map_size(feature_h, feature_w)
+            shape = [int(batch), h * w, h, w]
+            plan['shapes'].append(shape)
+            map_dtype, map_bytes, peak = branch.attention_bytes(shape)
+            if peak > plan['peak_bytes']:
+                plan.update(shape=shape, dtype=map_dtype, map_bytes=map_bytes, peak_bytes=peak)
+        return plan
+
+    def _feature_stride(self, channels, dtype):
+        """The stride of the backbone output the PSA head takes (None: not a plain one).
+
+        Told from two small probe inputs, so that any backbone works; cached.
+        """
+        cached = self.__dict__.get('_probed_stride')
+        if cached is not None:
+            return cached[0]
+        was_training = self.backbone.training
+        self.backbone.eval()  # no batch-norm statistics change from the probes
+        try:
+            with paddle.no_grad():
+                sizes = [tuple(int(s) for s in self.backbone(
+                    paddle.zeros([1, channels, h, w], dtype))[self.backbone_indices[1]].shape[-2:])
+                    for h, w in _STRIDE_PROBES]
+        finally:
+            if was_training:
+                self.backbone.train()
+        probe_h, stride = _STRIDE_PROBES[0][0], None
+        if sizes[0][0] > 0 and probe_h % sizes[0][0] == 0:
+            candidate = probe_h // sizes[0][0]
+            if all(size == (math.ceil(h / candidate), math.ceil(w / candidate))
+                   for size, (h, w) in zip(sizes, _STRIDE_PROBES)):
+                stride = candidate
+        self.__dict__['_probed_stride'] = (stride,)
+        return stride
 
     def init_weight(self):
         if self.pretrained is None:
@@ -267,6 +330,9 @@ class PSABranch(nn.Layer):
             layers.ConvBNReLU(channels, channels, kernel_size=1, bias_attr=False),
             nn.Conv2D(channels, mask_h * mask_w, kernel_size=1, bias_attr=False))
         self.psa_mask = None if compact else PSAMask(psa_type, (mask_h, mask_w))
+        # A layer of its own, so that a forward post-hook on it sees the attention map
+        # this branch aggregates with (psanet.visualize); no parameters.
+        self.normalize = nn.Softmax(axis=1) if psa_softmax else nn.Identity()
 
     def forward(self, x):
         x = self.shrink(self.reduce(x))
@@ -275,12 +341,35 @@ class PSABranch(nn.Layer):
             attention = self._compact_attention(attention)
         else:
             attention = self.psa_mask(attention)
+        return aggregate(x, self.normalize(attention)) * self.scale
+
+    def map_size(self, feature_h, feature_w):
+        """(h, w) of the map attention runs on, for a (feature_h, feature_w) input (shrink)."""
+        return ((feature_h - 1) // self.shrink_factor + 1,
+                (feature_w - 1) // self.shrink_factor + 1)
+
+    def attention_bytes(self, shape):
+        """(dtype name, bytes of the attention map of ``shape``, peak bytes while softmaxed).
+
+        softmax is on Paddle's fp16 black list: under autocast a half map is cast
+        to a float32 copy and softmaxed into another float32 tensor, all alive at once.
+        """
+        dtype = (paddle.amp.get_autocast_dtype() if paddle.amp.is_autocast_enabled()
+                 else self.attention[-1].weight.dtype)
+        if isinstance(dtype, str):
+            dtype = getattr(paddle, dtype)
+        elements = math.prod(shape)
+        element_bytes = _ELEMENT_BYTES.get(dtype, 4)
+        map_bytes = elements * element_bytes
+        peak = map_bytes
         if self.psa_softmax:
-            attention = F.softmax(attention, axis=1)
-        return aggregate(x, attention) * self.scale
+            softmax_bytes = elements * max(element_bytes, 4)
+            copy_bytes = softmax_bytes if softmax_bytes > map_bytes else 0
+            peak = map_bytes + copy_bytes + softmax_bytes
+        return str(dtype).replace('paddle.', ''), map_bytes, peak
 
     def shrink(self, x):
-        """Bilinear resize to ((H-1)//s+1, (W-1)//s+1), corners aligned, as the original."""
+        """Bilinear resize to ((H-1)//s+1, (W-1)//s+1) (:meth:`map_size`), corners aligned."""
         if self.shrink_factor == 1:
             return x
         size = (paddle.shape(x)[2:] - 1) // self.shrink_factor + 1
