@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import paddle  # noqa: E402
 from paddleseg.cvlibs import Config, SegBuilder  # noqa: E402
 
-import psanet  # noqa: E402,F401
+import psanet.models  # noqa: E402,F401
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_CONFIGS = [os.path.join(ROOT, 'configs', 'psanet', name) for name in (

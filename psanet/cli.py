@@ -14,6 +14,8 @@ import os
 import signal
 import sys
 
+# compat first: it filters Paddle's "No ccache found" notice before paddle is imported.
+from psanet import compat  # noqa: F401
 from psanet import interrupts
 from psanet.errors import Interrupted, UserError
 from psanet.log import line_cut, setup_logging

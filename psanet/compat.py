@@ -8,8 +8,8 @@ that need it; the check that turns it off; where it lives.
    tools. Ignored: the op build does without ccache.
    Paddle #75836. Paddle 3.0 to 3.3.1 at least. No check: a filter for a
    warning that is not printed does nothing. Here (``CCACHE_WARNING``,
-   filtered before this module imports paddle; ``import psanet`` imports
-   this module first, so every command line and tool is covered).
+   filtered before this module imports paddle; psanet.cli and psanet.models
+   import this module first, so every command line and tool is covered).
 2. ``enable_memory_optim()`` fails predictor creation for PIR programs ("Not
    find predictor_id 0 and pass_name memory_optimize_pass"). Left off.
    Paddle #75496, open. Paddle >= 3.0. ``MEMORY_OPTIM.needed()``; where not
@@ -67,7 +67,8 @@ that need it; the check that turns it off; where it lives.
 Issues: https://github.com/PaddlePaddle/Paddle/issues/<n> and
 https://github.com/PaddlePaddle/PaddleSeg/issues/<n>.
 
-``import psanet`` filters the warning (1), says in one line what to install when
+Importing this module filters the warning (1); ``import psanet.models`` (which
+the engine's config building does) says in one line what to install when
 paddleseg is missing (``require_paddleseg``) and applies the paddleseg fixes (8,
 9); the predictor calls ``configure_inference`` (2, 3); the engine's loaders
 call ``shut_down_loader`` (10); tools/evaluate_cityscapes.py calls

@@ -15,7 +15,7 @@ import paddle
 from paddleseg.cvlibs import Config, SegBuilder, manager
 from paddleseg.models import layers
 
-import psanet  # noqa: F401  (compat fixes, PSANet registration)
+import psanet.models  # noqa: F401  (compat fixes, PSANet registration)
 from conftest import MINI_CONFIG
 
 

@@ -14,7 +14,7 @@ import yaml
 from cityscapesscripts.helpers.labels import trainId2label
 from PIL import Image
 
-import psanet  # noqa: F401  (registers PSANet)
+import psanet.models  # noqa: F401  (registers PSANet)
 from psanet.deploy.config import DeployConfig
 from psanet.deploy.predictor import PaddleRunner
 from psanet.deploy.processing import postprocess, preprocess

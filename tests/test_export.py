@@ -12,7 +12,7 @@ import paddle
 import pytest
 import yaml
 
-import psanet  # noqa: F401  (registers PSANet)
+import psanet.models  # noqa: F401  (registers PSANet)
 from psanet.deploy.config import DeployConfig, graph_holds_custom_op
 from psanet.deploy.predictor import OnnxRunner, PaddleRunner
 from psanet.errors import DeployError

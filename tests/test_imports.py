@@ -23,13 +23,13 @@ LEAVES = {
     'psanet.log': set(),
     'psanet.contract': {'psanet.errors'},
     'psanet.interrupts': {'psanet.errors'},
-    'psanet.cli': {'psanet.errors', 'psanet.log', 'psanet.interrupts'},
+    'psanet.cli': {'psanet.compat', 'psanet.errors', 'psanet.log', 'psanet.interrupts'},
 }
 # What the deploy runtime may import besides itself.
 RUNTIME_MAY_IMPORT = {'psanet.compat', 'psanet.contract', 'psanet.errors', 'psanet.interrupts',
                       'psanet.log', 'psanet.ops.loader'}
-# What importing the runtime must not load: the engine, the data tools, export.
-ENGINE_PREFIXES = ('psanet.core', 'psanet.data', 'psanet.export')
+# What importing the runtime, the op package or setup.py must not load: the training stack.
+ENGINE_PREFIXES = ('paddleseg', 'psanet.models', 'psanet.core', 'psanet.data', 'psanet.export')
 
 
 def _module_name(path):
@@ -117,15 +117,15 @@ def test_ops_import_nothing_of_ours_and_models_only_ops_and_errors(graph):
         if name.startswith('psanet.ops'):
             assert all(t.startswith('psanet.ops') for t in targets), (name, targets)
         if name.startswith('psanet.models'):
-            assert all(t.startswith(('psanet.models', 'psanet.ops')) or t == 'psanet.errors'
-                       for t in targets), (name, targets)
+            assert all(t.startswith(('psanet.models', 'psanet.ops')) or
+                       t in ('psanet.errors', 'psanet.compat') for t in targets), (name, targets)
 
 
 def _loaded_after(code):
     """The psanet modules in sys.modules after running ``code`` in a fresh interpreter."""
     probe = code + ('\nimport json, sys\n'
                     'print(json.dumps(sorted(m for m in sys.modules '
-                    "if m == 'psanet' or m.startswith('psanet.'))))")
+                    "if m.split('.')[0] in ('psanet', 'paddleseg'))))")
     result = run_process([sys.executable, '-c', probe], cwd=ROOT, capture_output=True,
                          text=True, timeout=300)
     assert result.returncode == 0, result.stderr
@@ -149,6 +149,37 @@ def test_the_deploy_command_line_loads_no_engine_data_or_export_code():
         'spec.loader.exec_module(importlib.util.module_from_spec(spec))')
     assert 'psanet.deploy.infer_images' in loaded
     assert not [m for m in loaded if m.startswith(ENGINE_PREFIXES)], loaded
+
+
+def test_importing_the_op_package_loads_no_training_stack():
+    loaded = _loaded_after('import psanet.ops\nimport psanet.ops.build')
+    assert 'psanet.ops.loader' in loaded
+    assert not [m for m in loaded if m.startswith(ENGINE_PREFIXES)], loaded
+
+
+def test_setup_py_loads_no_training_stack():
+    # `python setup.py --name`, run in this interpreter so that its modules can be listed.
+    loaded = _loaded_after(
+        'import contextlib, io, runpy, sys\n'
+        "sys.argv = ['setup.py', '--name']\n"
+        'with contextlib.redirect_stdout(io.StringIO()) as out:\n'
+        '    try:\n'
+        "        runpy.run_path('setup.py', run_name='__main__')\n"
+        '    except SystemExit:\n'
+        '        pass\n'
+        "assert out.getvalue().strip() == 'psanet', out.getvalue()")
+    assert not [m for m in loaded if m.startswith(ENGINE_PREFIXES)], loaded
+
+
+def test_importing_the_package_loads_nothing_else():
+    assert _loaded_after('import psanet') == ['psanet']
+
+
+def test_importing_the_models_registers_psanet_with_paddleseg():
+    code = ('import psanet.models\n'
+            'from paddleseg.cvlibs import manager\n'
+            "assert manager.MODELS['PSANet'] is psanet.models.PSANet")
+    assert 'psanet.models.psanet' in _loaded_after(code)
 
 
 def test_importing_the_engine_package_loads_none_of_its_modules():

@@ -9,7 +9,7 @@ import pytest
 from paddleseg.cvlibs import Config
 from paddleseg.models import layers
 
-import psanet  # noqa: F401  (registers PSANet)
+import psanet.models  # noqa: F401  (registers PSANet)
 from psanet.models import PSANet
 from psanet.models.psanet import PSABranch
 from conftest import FLOAT32_EPS, ROOT

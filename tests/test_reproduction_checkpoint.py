@@ -19,7 +19,7 @@ import paddle.nn.functional as F
 import pytest
 from paddleseg.models.backbones import ResNet50_vd
 
-import psanet  # noqa: F401  (registers PSANet)
+import psanet.models  # noqa: F401  (registers PSANet)
 from conftest import ROOT, assert_logits_agree, reordered_sum_rtol, run_process
 from psa_mask_reference import reference_forward
 from psanet.core.checkpoint import load_model_weights

@@ -15,13 +15,17 @@ import os
 import time
 
 import yaml
-from paddleseg.cvlibs import Config, SegBuilder, manager
 
-import psanet.compat  # noqa: F401
-import psanet.models  # noqa: F401  (registers PSANet in manager.MODELS)
-from psanet.data.validate import check_dataset_config, validate_dataset
-from psanet.errors import ArgumentError, ConfigError
-from psanet.log import get_logger
+from psanet import compat
+
+compat.require_paddleseg()  # one line naming what to install, before paddleseg's ImportError
+
+from paddleseg.cvlibs import Config, SegBuilder, manager  # noqa: E402
+
+import psanet.models  # noqa: F401,E402  (registers PSANet; the paddleseg fixes)
+from psanet.data.validate import check_dataset_config, validate_dataset  # noqa: E402
+from psanet.errors import ArgumentError, ConfigError  # noqa: E402
+from psanet.log import get_logger  # noqa: E402
 
 __all__ = ['KNOWN_KEYS', 'UNSUPPORTED_KEYS', 'load_config', 'ComponentBuilder']
 
