@@ -22,6 +22,7 @@
 
 namespace psa_mask {
 
+// The op's psa_type values, mirroring COLLECT and DISTRIBUTE in psanet/ops/psa_mask.py.
 constexpr int kCollect = 0;
 constexpr int kDistribute = 1;
 

@@ -6,15 +6,20 @@ expected value. The op only moves values (or writes zeros), so outputs and
 gradients must equal the reference exactly, on any CPU; only finite differences
 need a tolerance.
 """
+import os
+import re
+
 import numpy as np
 import paddle
 import pytest
 
-from psanet.ops import PSAMask, load_library, psa_impl, psa_mask, psa_mask_paddle
+from conftest import ROOT
+from psanet.ops import (BI_DIRECTIONAL, COLLECT, DISTRIBUTE, PSA_TYPE_NAMES, PSA_TYPES,
+                        PSAMask, load_library, psa_impl, psa_mask, psa_mask_paddle)
 from psa_mask_reference import OP_TEST_SHAPES, reference_backward, reference_forward
 
 IMPLS = ('custom', 'paddle')
-PSA_TYPES = ('collect', 'distribute')
+TYPE_NAMES = ('collect', 'distribute')
 
 
 def run_op(impl, x, psa_type, mask_size, grad_y):
@@ -46,7 +51,7 @@ def op_library():
 
 
 @pytest.mark.parametrize('dtype', ['float32', 'float64'])
-@pytest.mark.parametrize('psa_type', PSA_TYPES)
+@pytest.mark.parametrize('psa_type', TYPE_NAMES)
 @pytest.mark.parametrize('impl', IMPLS)
 @pytest.mark.parametrize('shape,mask', OP_TEST_SHAPES)
 def test_forward_backward_match_reference(impl, psa_type, dtype, shape, mask):
@@ -61,13 +66,13 @@ def test_random_shapes_match_reference_exactly(impl):
     for _ in range(200):
         shape = (int(rng.integers(1, 3)), int(rng.integers(1, 7)), int(rng.integers(1, 7)))
         mask_h, mask_w = (int(m) for m in rng.integers(1, 8, size=2))
-        psa_type = PSA_TYPES[int(rng.integers(2))]
+        psa_type = TYPE_NAMES[int(rng.integers(2))]
         dtype = ('float32', 'float64')[int(rng.integers(2))]
         x, grad_y = random_case(rng, shape, mask_h, mask_w, dtype)
         check_against_reference(impl, x, grad_y, psa_type, mask_h, mask_w)
 
 
-@pytest.mark.parametrize('psa_type', PSA_TYPES)
+@pytest.mark.parametrize('psa_type', TYPE_NAMES)
 @pytest.mark.parametrize('impl', IMPLS)
 @pytest.mark.parametrize('shape,mask', [((1, 3, 4), (2, 3)), ((2, 2, 3), (3, 3))])
 def test_gradient_matches_finite_differences(impl, psa_type, shape, mask):
@@ -95,7 +100,7 @@ def test_gradient_matches_finite_differences(impl, psa_type, shape, mask):
                                atol=y.size * eps64 * np.abs(y * weights).sum() / eps)
 
 
-@pytest.mark.parametrize('psa_type', PSA_TYPES)
+@pytest.mark.parametrize('psa_type', TYPE_NAMES)
 @pytest.mark.parametrize('impl', IMPLS)
 def test_outputs_are_zeroed_on_every_call(impl, psa_type):
     # Calls whose outputs are all NaN or huge come first, so that freed blocks
@@ -157,6 +162,17 @@ def test_layer_repr_names_type_and_size():
     text = repr(PSAMask('distribute', (3, 5), impl='paddle'))
     assert 'PSAMask' in text and "'distribute'" in text and '(3, 5)' in text
     assert "'collect'" in repr(PSAMask(0, 7)) and '(7, 7)' in repr(PSAMask(0, 7))
+
+
+def test_psa_type_constants_are_the_values_of_the_op_and_its_kernels():
+    assert PSA_TYPES == {'collect': COLLECT, 'distribute': DISTRIBUTE} \
+        == {'collect': 0, 'distribute': 1}
+    # The model's two-branch value has a name but is no op value (BAD_CALLS: 2).
+    assert PSA_TYPE_NAMES[BI_DIRECTIONAL] == 'bi-directional'
+    assert BI_DIRECTIONAL not in PSA_TYPES.values()
+    with open(os.path.join(ROOT, 'ops', 'psa_mask_kernel.h')) as f:
+        constants = re.findall(r'constexpr int (kCollect|kDistribute) = (\d+);', f.read())
+    assert constants == [('kCollect', str(COLLECT)), ('kDistribute', str(DISTRIBUTE))]
 
 
 def _tensor(shape, dtype='float32'):
@@ -227,7 +243,7 @@ def test_kernel_checks_its_inputs_again(args, message):
         paddle._C_ops._run_custom_op('psa_mask', *args)
 
 
-@pytest.mark.parametrize('psa_type', PSA_TYPES)
+@pytest.mark.parametrize('psa_type', TYPE_NAMES)
 def test_gradient_under_to_static_matches_reference(psa_type):
     # Training through dy2static runs the grad op from the static graph, whose
     # shape comes from the grad op's own shape inference.

@@ -205,7 +205,7 @@ def test_cpu_key_is_as_before_and_asks_no_nvcc(fake_nvcc, monkeypatch):
     monkeypatch.setenv('PADDLE_CUDA_ARCH_LIST', '8.0')
     monkeypatch.setattr(paddle, 'is_compiled_with_cuda', lambda: False)
     digest = hashlib.sha256()
-    for name in ('psa_mask_kernel.h', 'psa_mask.cc'):
+    for name in ('psa_mask.h', 'psa_mask_kernel.h', 'psa_mask.cc', 'psa_mask_cpu.cc'):
         with open(os.path.join(ROOT, 'ops', name), 'rb') as f:
             digest.update(name.encode() + b'\0' + f.read())
     digest.update(f'paddle={paddle.__version__};cuda=False;'
@@ -269,7 +269,7 @@ def test_cuda_paddle_without_nvcc_builds_the_cpu_library_with_one_warning(
                               cpu_fallback=True)
         assert (tmp_path / 'op.so').exists()
         flat = [' '.join(command) for command in commands]
-        assert len(flat) == 2 and not any('no-such-nvcc' in c or 'psa_mask.cu ' in c
+        assert len(flat) == 3 and not any('no-such-nvcc' in c or 'psa_mask.cu ' in c
                                           or 'PSA_MASK_WITH_CUDA' in c or '-lcudart' in c
                                           for c in flat), flat
         warnings = warning_lines(capfd.readouterr().err)
@@ -359,7 +359,7 @@ def test_nvcc_of_another_cuda_major_is_one_warning_line(fake_nvcc, monkeypatch, 
         commands = recorded_build(monkeypatch)
         capfd.readouterr()
         build.compile_library(str(tmp_path / 'op.so'))
-        assert commands[0][0] == nvcc and len(commands) == 3   # the build goes on
+        assert commands[0][0] == nvcc and len(commands) == 4   # the build goes on
         warnings = warning_lines(capfd.readouterr().err)
         assert len(warnings) == expected, (paddle_cuda, warnings)
     monkeypatch.setattr(paddle.version, 'cuda', lambda: '12.6')
@@ -532,15 +532,15 @@ def test_processes_starting_together_share_one_build(shared_build):
 
 
 def test_loading_a_built_library_prints_nothing(shared_build):
-    """No build line, and not Paddle's "No ccache found" warning, which every
-    ``import paddle`` of Paddle 3.x prints and which came before every real error."""
+    """No build line. (Paddle's "No ccache found" notice is psanet.compat's to filter, which
+    the op package does not import: tests/test_compat.py.)"""
     folder, _, _ = shared_build
     process = start_python(folder / 'cache',
                            'from psanet.ops import load_library; print(load_library())')
     stdout, stderr = finish(process, 300)
     assert process.returncode == 0, stderr[-3000:]
     assert stdout.strip().startswith(str(folder / 'cache')), stdout
-    assert BUILD_LINE not in stderr and 'ccache' not in stderr.lower(), stderr
+    assert BUILD_LINE not in stderr, stderr
 
 
 def test_missing_compiler_is_one_clear_error(tmp_path):

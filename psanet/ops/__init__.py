@@ -1,6 +1,8 @@
 """The PSA mask op: functional, Layer, pure-Paddle form, and its library loader."""
-from .psa_mask import PSA_TYPES, PSAMask, psa_impl, psa_mask, psa_mask_paddle
+from .psa_mask import (BI_DIRECTIONAL, COLLECT, DISTRIBUTE, PSA_TYPE_NAMES, PSA_TYPES,
+                       PSAMask, psa_impl, psa_mask, psa_mask_paddle)
 from .loader import load_library, psa_mask_cpu_threads, psa_mask_last_cpu_threads
 
-__all__ = ['PSA_TYPES', 'PSAMask', 'psa_impl', 'psa_mask', 'psa_mask_paddle',
+__all__ = ['COLLECT', 'DISTRIBUTE', 'BI_DIRECTIONAL', 'PSA_TYPE_NAMES', 'PSA_TYPES',
+           'PSAMask', 'psa_impl', 'psa_mask', 'psa_mask_paddle',
            'load_library', 'psa_mask_cpu_threads', 'psa_mask_last_cpu_threads']

@@ -17,9 +17,11 @@ import sys
 import tempfile
 
 LIBRARY_NAME = 'psa_mask_op'
-_HEADER = 'psa_mask_kernel.h'
-_CPU_SOURCE = 'psa_mask.cc'
-_CUDA_SOURCE = 'psa_mask.cu'
+# ops/: the headers, the C++ sources (the schema and dispatch, the CPU kernels)
+# and the CUDA launchers; each source is compiled into an object of its own.
+_HEADERS = ('psa_mask.h', 'psa_mask_kernel.h')
+_CXX_SOURCES = ('psa_mask.cc', 'psa_mask_cpu.cc')
+_CUDA_SOURCES = ('psa_mask.cu',)
 # Architectures built when PADDLE_CUDA_ARCH_LIST is unset and Paddle sees no
 # GPU, less those the installed nvcc no longer supports (CUDA 13 dropped Volta):
 # Volta to Hopper, plus PTX of the newest for what comes after.
@@ -40,7 +42,7 @@ def with_cuda_default():
 
 
 def _sources(source_dir, with_cuda):
-    names = [_HEADER, _CPU_SOURCE] + ([_CUDA_SOURCE] if with_cuda else [])
+    names = list(_HEADERS + _CXX_SOURCES) + (list(_CUDA_SOURCES) if with_cuda else [])
     paths = [os.path.join(source_dir, name) for name in names]
     missing = [p for p in paths if not os.path.isfile(p)]
     if missing:
@@ -390,7 +392,7 @@ def compile_library(output_path, source_dir=None, with_cuda=None, verbose=False,
     source_dir = source_dir or default_source_dir()
     nvcc, _ = plan_cuda(with_cuda, cpu_fallback)
     with_cuda = nvcc is not None
-    sources = _sources(source_dir, with_cuda)
+    _sources(source_dir, with_cuda)   # all there, or one clear error
     cxx = _find_compiler('c++', 'CXX', 'Install a C++17 compiler (e.g. `apt install g++`).')
     # PADDLE_NO_PYTHON: the library is registered through Paddle's op registry
     # and needs no Python bindings (paddle/extension.h would include pybind.h).
@@ -403,8 +405,8 @@ def compile_library(output_path, source_dir=None, with_cuda=None, verbose=False,
     if with_cuda:
         # Only the .cu sees PADDLE_WITH_CUDA: under it Paddle's phi/core headers,
         # which psa_mask.cc includes, want cuBLAS and cuDNN headers that a CUDA
-        # toolkit alone does not ship (Paddle 3.3.1). psa_mask.cc needs only to
-        # know that the CUDA launchers are there.
+        # toolkit alone does not ship (Paddle 3.3.1). The C++ sources need only
+        # to know that the CUDA launchers are there.
         cxx_defines = defines + ['-DPSA_MASK_WITH_CUDA']
         mismatch = nvcc_version_warning(nvcc)
         if mismatch:
@@ -415,17 +417,17 @@ def compile_library(output_path, source_dir=None, with_cuda=None, verbose=False,
     out_dir = os.path.dirname(os.path.abspath(output_path))
     os.makedirs(out_dir, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir, prefix='.build-') as tmp:
+        units = [(nvcc, source, ['-O3', '-std=c++17', '--expt-relaxed-constexpr',
+                                 '-Xcompiler', '-fPIC', '-w'] + gencode + defines
+                  + ['-DPADDLE_WITH_CUDA', '-DEIGEN_USE_GPU'] + includes)
+                 for source in (_CUDA_SOURCES if with_cuda else ())]
+        units += [(cxx, source, ['-O3', '-std=c++17', '-fPIC', '-w', '-pthread']
+                   + cxx_defines + includes) for source in _CXX_SOURCES]
         objects = []
-        if with_cuda:
-            cuda_object = os.path.join(tmp, 'psa_mask_cu.o')
-            _run([nvcc, '-c', sources[-1], '-o', cuda_object, '-O3', '-std=c++17',
-                  '--expt-relaxed-constexpr', '-Xcompiler', '-fPIC', '-w'] + gencode + defines
-                 + ['-DPADDLE_WITH_CUDA', '-DEIGEN_USE_GPU'] + includes, verbose)
-            objects.append(cuda_object)
-        cpu_object = os.path.join(tmp, 'psa_mask.o')
-        _run([cxx, '-c', sources[1], '-o', cpu_object, '-O3', '-std=c++17', '-fPIC', '-w',
-              '-pthread'] + cxx_defines + includes, verbose)
-        objects.append(cpu_object)
+        for compiler, source, flags in units:
+            objects.append(os.path.join(tmp, source.replace('.', '_') + '.o'))
+            _run([compiler, '-c', os.path.join(source_dir, source), '-o', objects[-1]]
+                 + flags, verbose)
         linked = os.path.join(tmp, LIBRARY_NAME + '.so')
         link = [cxx, '-shared', '-o', linked] + objects + [f'-L{d}' for d in lib_dirs]
         link += [f'-Wl,-rpath,{d}' for d in lib_dirs]

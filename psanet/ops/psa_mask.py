@@ -25,10 +25,18 @@ import paddle.nn as nn
 
 from .loader import load_library
 
-__all__ = ['psa_mask', 'PSAMask', 'psa_mask_paddle', 'psa_impl', 'PSA_TYPES']
+__all__ = ['psa_mask', 'PSAMask', 'psa_mask_paddle', 'psa_impl', 'COLLECT', 'DISTRIBUTE',
+           'BI_DIRECTIONAL', 'PSA_TYPE_NAMES', 'PSA_TYPES']
 
-PSA_TYPES = {'collect': 0, 'distribute': 1}
-_TYPE_NAMES = {v: k for k, v in PSA_TYPES.items()}
+# psa_type, as the op and the model number it (ops/psa_mask_kernel.h mirrors the
+# op's two). BI_DIRECTIONAL is the model's: both branches, each running the op
+# once; the op itself takes COLLECT or DISTRIBUTE only.
+COLLECT = 0
+DISTRIBUTE = 1
+BI_DIRECTIONAL = 2
+PSA_TYPE_NAMES = {COLLECT: 'collect', DISTRIBUTE: 'distribute', BI_DIRECTIONAL: 'bi-directional'}
+# The op's psa_type by name.
+PSA_TYPES = {PSA_TYPE_NAMES[t]: t for t in (COLLECT, DISTRIBUTE)}
 _IMPLS = ('custom', 'paddle')
 _default_impl = 'custom'
 
@@ -60,13 +68,13 @@ def _is_int(value):
 
 
 def normalize_psa_type(psa_type):
-    """``'collect'``/``'distribute'`` or 0/1 -> 0/1."""
+    """``'collect'``/``'distribute'`` or 0/1 -> ``COLLECT``/``DISTRIBUTE``."""
     if isinstance(psa_type, str) and psa_type.lower() in PSA_TYPES:
         return PSA_TYPES[psa_type.lower()]
-    if _is_int(psa_type) and int(psa_type) in _TYPE_NAMES:
+    if _is_int(psa_type) and int(psa_type) in PSA_TYPES.values():
         return int(psa_type)
-    raise ValueError(f"psa_mask: psa_type must be 'collect' (0) or 'distribute' (1), "
-                     f"got {psa_type!r}.")
+    choices = ' or '.join(f"'{name}' ({value})" for name, value in PSA_TYPES.items())
+    raise ValueError(f'psa_mask: psa_type must be {choices}, got {psa_type!r}.')
 
 
 def normalize_mask_size(mask_size):
@@ -205,7 +213,7 @@ def _psa_mask_gather(x, psa_type, mask_h, mask_w):
     a_h, a_w = along_h.reshape([-1, 1, 1, 1]), along_w.reshape([1, -1, 1, 1])
     b_h, b_w = along_h.reshape([1, 1, -1, 1]), along_w.reshape([1, 1, 1, -1])
     # collect: Y[q, p]; distribute: Y[p, q]; x sits at p, cell (i, j) at q - p.
-    (qh, qw, ph, pw) = (a_h, a_w, b_h, b_w) if psa_type == 0 else (b_h, b_w, a_h, a_w)
+    (qh, qw, ph, pw) = (a_h, a_w, b_h, b_w) if psa_type == COLLECT else (b_h, b_w, a_h, a_w)
     i = qh - ph + (mask_h - 1) // 2
     j = qw - pw + (mask_w - 1) // 2
     # Invalid entries gather the zero appended after x's mask_h*mask_w channels.
@@ -248,5 +256,5 @@ class PSAMask(nn.Layer):
 
     def extra_repr(self):
         impl = self.impl if self.impl is not None else 'default'
-        return (f"psa_type='{_TYPE_NAMES[self.psa_type]}', mask_size={self.mask_size}, "
+        return (f"psa_type='{PSA_TYPE_NAMES[self.psa_type]}', mask_size={self.mask_size}, "
                 f"impl='{impl}'")
