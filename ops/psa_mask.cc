@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "paddle/phi/core/dense_tensor.h"
-#include "psa_mask.h"
+#include "psa_mask_common.h"
 
 // ---------------------------------------------------------------------------
 // Paddle-version workarounds: entries 4 and 5 of the list in psanet/compat.py,
@@ -23,7 +23,7 @@
 //    own function, declared here because data_layout_transform.h needs oneDNN
 //    headers the wheel does not ship. Weak: on a Paddle built without oneDNN
 //    the symbol is absent, its address is null, and the library still loads.
-// 5. PSA_MASK_CHECK and PSA_MASK_ENFORCE (psa_mask.h), the error path of every
+// 5. PSA_MASK_CHECK and PSA_MASK_ENFORCE (psa_mask_common.h), the error path of every
 //    file of the op, throw Paddle's EnforceNotMet, built by hand, not
 //    PD_CHECK's PD_Exception (Paddle 3.x; none filed): the inference executor
 //    keeps the message of the former only (the latter reaches the user as a

@@ -1,7 +1,7 @@
 // CUDA launchers of the PSA mask op; the kernels live in psa_mask_kernel.h.
 #include <vector>
 
-#include "psa_mask.h"
+#include "psa_mask_common.h"
 
 std::vector<paddle::Tensor> psa_mask_cuda_forward(const paddle::Tensor& x, int psa_type,
                                                   int mask_h, int mask_w) {

@@ -13,7 +13,7 @@
 #include <sys/mman.h>
 #endif
 
-#include "psa_mask.h"
+#include "psa_mask_common.h"
 
 // CPU threads. The op runs on as many threads as the process gives Paddle's
 // CPU kernels, so that ranks sharing a machine do not oversubscribe it. That

@@ -205,7 +205,7 @@ def test_cpu_key_is_as_before_and_asks_no_nvcc(fake_nvcc, monkeypatch):
     monkeypatch.setenv('PADDLE_CUDA_ARCH_LIST', '8.0')
     monkeypatch.setattr(paddle, 'is_compiled_with_cuda', lambda: False)
     digest = hashlib.sha256()
-    for name in ('psa_mask.h', 'psa_mask_kernel.h', 'psa_mask.cc', 'psa_mask_cpu.cc'):
+    for name in ('psa_mask_common.h', 'psa_mask_kernel.h', 'psa_mask.cc', 'psa_mask_cpu.cc'):
         with open(os.path.join(ROOT, 'ops', name), 'rb') as f:
             digest.update(name.encode() + b'\0' + f.read())
     digest.update(f'paddle={paddle.__version__};cuda=False;'

@@ -19,7 +19,7 @@ import tempfile
 LIBRARY_NAME = 'psa_mask_op'
 # ops/: the headers, the C++ sources (the schema and dispatch, the CPU kernels)
 # and the CUDA launchers; each source is compiled into an object of its own.
-_HEADERS = ('psa_mask.h', 'psa_mask_kernel.h')
+_HEADERS = ('psa_mask_common.h', 'psa_mask_kernel.h')
 _CXX_SOURCES = ('psa_mask.cc', 'psa_mask_cpu.cc')
 _CUDA_SOURCES = ('psa_mask.cu',)
 # Architectures built when PADDLE_CUDA_ARCH_LIST is unset and Paddle sees no
