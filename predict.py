@@ -10,15 +10,13 @@ import warnings
 # (psanet.compat filters Paddle's ccache notice).
 warnings.filterwarnings('ignore', message='When training, we now always track')
 
-from psanet.cli import add_inference_flags, exit_with, run_cli  # noqa: E402
+from psanet.cli import add_inference_flags, add_model_flags, exit_with, run_cli  # noqa: E402
 from psanet.core.predict import predict_from_config  # noqa: E402
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description='PSANet prediction (PaddleSeg flags).')
-    parser.add_argument('--config', required=True, help='The config file.')
-    parser.add_argument('--model_path', required=True,
-                        help='model.pdparams, or a checkpoint folder such as output/best_model.')
+    add_model_flags(parser)
     parser.add_argument('--image_path', required=True,
                         help='An image, a folder of images, or a text file listing images.')
     parser.add_argument('--save_dir', default='output/result',

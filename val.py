@@ -13,21 +13,20 @@ import warnings
 # (psanet.compat filters Paddle's ccache notice).
 warnings.filterwarnings('ignore', message='When training, we now always track')
 
-from psanet.cli import add_inference_flags, exit_with, run_cli  # noqa: E402
+from psanet.cli import add_inference_flags, add_model_flags, exit_with, run_cli  # noqa: E402
 from psanet.core.val import evaluate_from_config  # noqa: E402
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description='PSANet evaluation (PaddleSeg flags).')
-    parser.add_argument('--config', required=True, help='The config file.')
-    parser.add_argument('--model_path', required=True,
-                        help='model.pdparams, or a checkpoint folder such as output/best_model.')
+    add_model_flags(parser)
     parser.add_argument('--device', choices=['cpu', 'gpu'], default=None,
                         help='Default: gpu when Paddle sees one, else cpu.')
     parser.add_argument('--num_workers', type=int, default=0, help='DataLoader worker processes.')
     add_inference_flags(parser, '--aug_eval')
     parser.add_argument('--save_dir', default=None,
-                        help='Also write the predictions (Cityscapes *_labelIds.png) here.')
+                        help='Also write the predictions (Cityscapes *_labelIds.png) and the figures '
+                        'class_iou.png and confusion_matrix.png here.')
     parser.add_argument('--precision', choices=['fp32', 'fp16'], default='fp32',
                         help='fp16: autocast (GPU only).')
     parser.add_argument('--amp_level', choices=['O1', 'O2'], default='O1')

@@ -48,9 +48,9 @@ def main():
     from psanet.contract import get_image_list
     from psanet.data import generate_mini_cityscapes
     from psanet.deploy.config import DeployConfig
-    from psanet.deploy.predictor import OnnxRunner, PaddleRunner
+    from psanet.deploy.predictor import OnnxRunner, PaddleRunner, PredictorOptions
     from psanet.deploy.processing import preprocess
-    from psanet.export import export_model
+    from psanet.export import ExportOptions, export_model
 
     paddle.set_device('cpu')
     config = args.config or sorted(glob.glob(os.path.join(ROOT, 'configs/psanet/*mini*.yml')))[0]
@@ -68,8 +68,8 @@ def main():
     exports = {}
     for impl in ('custom', 'paddle'):
         exports[impl] = os.path.join(work, impl)
-        export_model(model, transforms, exports[impl], output_op='none', psa_impl=impl,
-                     onnx=impl == 'paddle')
+        export_model(model, transforms, exports[impl],
+                     ExportOptions(output_op='none', psa_impl=impl, onnx=impl == 'paddle'))
     compose = DeployConfig(exports['custom']).build_transforms()
     inputs = [preprocess([path], compose)[0] for path in images]
 
@@ -80,12 +80,12 @@ def main():
     backends = [('dygraph, custom op', dygraph)]
     for impl in ('custom', 'paddle'):
         for mkldnn in (False, True):
-            runner = PaddleRunner(exports[impl], device='cpu', enable_mkldnn=mkldnn,
-                                  cpu_threads=args.cpu_threads)
+            runner = PaddleRunner(exports[impl], PredictorOptions(
+                enable_mkldnn=mkldnn, cpu_threads=args.cpu_threads))
             backends.append((f'Paddle Inference, {impl} op, oneDNN {"on" if mkldnn else "off"}',
                              runner.run))
-    backends.append(('onnxruntime, pure-Paddle op', OnnxRunner(exports['paddle'],
-                                                                args.cpu_threads).run))
+    backends.append(('onnxruntime, pure-Paddle op', OnnxRunner(
+        exports['paddle'], PredictorOptions(cpu_threads=args.cpu_threads)).run))
 
     reference = [dygraph(x) for x in inputs]
     times = {name: [] for name, _ in backends}

@@ -20,7 +20,7 @@ from psanet import interrupts
 from psanet.errors import Interrupted, UserError
 from psanet.log import line_cut, setup_logging
 
-__all__ = ['exit_with', 'run_cli', 'add_inference_flags']
+__all__ = ['exit_with', 'run_cli', 'add_model_flags', 'add_inference_flags']
 
 
 def run_cli(function, *args, **kwargs):
@@ -92,10 +92,17 @@ def exit_with(code):
     sys.exit(code)
 
 
+def add_model_flags(parser):
+    """--config and --model_path, as val.py, predict.py and the tools that load a model take them."""
+    parser.add_argument('--config', required=True, help='The config file.')
+    parser.add_argument('--model_path', required=True,
+                        help='model.pdparams, or a checkpoint folder such as output/best_model.')
+
+
 def add_inference_flags(parser, aug_flag):
     """The inference flags val.py and predict.py share (None: use the config's test_config).
 
-    ``psanet.core.val.check_inference_flags`` checks what they are given.
+    ``psanet.core.options.InferenceOptions.from_flags`` checks what they are given.
     """
     parser.add_argument(aug_flag, action='store_true', default=None,
                         help='Average over --scales and flips (see --aug_combine).')

@@ -28,8 +28,9 @@ that need it; the check that turns it off; where it lives.
    the block at its top.
 5. The inference executor reports ``PD_CHECK``'s exception as a bare
    "std::exception". The op throws Paddle's ``EnforceNotMet``
-   (InvalidArgument), built by hand. None filed. Paddle 3.x. No check: it is
-   Paddle's own error type. ops/psa_mask.cc, the block at its top.
+   (InvalidArgument; External for a failed CUDA launch), built by hand. None
+   filed. Paddle 3.x. No check: it is Paddle's own error type.
+   ops/psa_mask_common.h (``PSA_MASK_CHECK``); ops/psa_mask.cc, the block at its top.
 6. Only a private function, ``extension_utils._get_core_name()``, knows the
    name of Paddle's core library, which the op links. No public API. Paddle
    3.x (libpaddle.so). A fallback, not a version: the file name of the

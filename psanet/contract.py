@@ -1,13 +1,15 @@
 """What the engine, export and the deploy runtime agree on, in one small module.
 
 The files an export writes and ``deploy.yaml`` names, the input name and
-output ops of the exported graph, the palettes of predictions, which files
-count as images to predict, and how an image is read and a prediction
-written (``<save_dir>/pseudo_color_prediction/<rel>.png``, a palette PNG of
-class ids, and ``<save_dir>/added_prediction/<rel>``, the image blended with
-the class colours). It imports only :mod:`psanet.errors` of ours, so the
-runtime can use it without the engine.
+output ops of the exported graph, the palettes of predictions and which
+dataset gets which, which files count as images to predict, and how a JSON
+file or an image is read and a prediction written
+(``<save_dir>/pseudo_color_prediction/<rel>.png``, a palette PNG of class ids,
+and ``<save_dir>/added_prediction/<rel>``, the image blended with the class
+colours). It imports only :mod:`psanet.errors` of ours, so the runtime can use
+it without the engine.
 """
+import json
 import os
 import tempfile
 
@@ -17,11 +19,10 @@ from PIL import Image
 
 from psanet.errors import ConfigError, DatasetError
 
-__all__ = ['DEPLOY_FILE', 'DEPLOY_SECTION', 'PROGRAM_FILE', 'PARAMS_FILE', 'ONNX_FILE', 'INPUT_NAME',
-           'DYNAMIC_INPUT_SHAPE', 'DEFAULT_TRANSFORMS', 'OUTPUT_OPS', 'PALETTES',
-           'IMAGE_EXTENSIONS', 'get_image_list', 'color_map', 'check_save_dir', 'check_output_file',
-           'read_images',
-           'save_prediction']
+__all__ = ['DEPLOY_FILE', 'DEPLOY_SECTION', 'PROGRAM_FILE', 'PARAMS_FILE', 'ONNX_FILE',
+           'INPUT_NAME', 'DYNAMIC_INPUT_SHAPE', 'DEFAULT_TRANSFORMS', 'OUTPUT_OPS', 'PALETTES',
+           'IMAGE_EXTENSIONS', 'palette_for', 'get_image_list', 'color_map', 'check_save_dir',
+           'check_output_file', 'read_json', 'read_images', 'save_prediction']
 
 # The files of an export, all in one folder: what paddle.jit.save writes on
 # Paddle 3 (the PIR program and its parameters), the optional ONNX model, and
@@ -41,6 +42,20 @@ DEFAULT_TRANSFORMS = ({'type': 'Normalize'}, )
 OUTPUT_OPS = ('argmax', 'softmax', 'none')
 PALETTES = ('cityscapes', 'default')
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp')
+
+
+def palette_for(dataset_class):
+    """The palette of a dataset's predictions: 'cityscapes' for Cityscapes, else 'default'.
+
+    predict.py and export.py (for deploy.yaml's ``palette``) both decide with this.
+
+    Args:
+        dataset_class (type | None): the val dataset's class; None when the config has none.
+    """
+    # By class name along the MRO rather than issubclass, so this leaf needs no paddleseg.
+    is_cityscapes = dataset_class is not None and any(
+        klass.__name__ == 'Cityscapes' for klass in dataset_class.__mro__)
+    return 'cityscapes' if is_cityscapes else 'default'
 
 
 def _is_image(path):
@@ -159,6 +174,21 @@ def _check_can_write_below(path, what):
         reason = error.strerror or type(error).__name__
         raise ConfigError(f'{what} cannot be written: {folder}: {reason}. Pass a folder '
                           'you can write to.') from None
+
+
+def read_json(path, error):
+    """The JSON document in the file ``path``.
+
+    Args:
+        path (str): the file.
+        error (callable): ``error(reason) -> Exception``, raised (from the OSError or
+            ValueError) when the file cannot be opened or is not JSON.
+    """
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as reason:
+        raise error(reason) from reason
 
 
 def read_images(images, unreadable, logger):

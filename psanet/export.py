@@ -1,29 +1,15 @@
-"""Exports a trained PSANet to a Paddle inference model (and optionally ONNX).
+"""Exports a trained PSANet for deployment: ``model.json`` + ``model.pdiparams`` for Paddle
+Inference, optionally ``model.onnx``, and the ``deploy.yaml`` that names them.
 
-Writes what Paddle 3 saves (``model.json`` + ``model.pdiparams``) and a
-``deploy.yaml`` naming those files, the val transforms, the input shape, the
-output op and which PSA mask implementation the graph holds. The graph and
-``deploy.yaml`` keep PaddleSeg's contract, so its deploy tools run the export:
-the output ops are ``paddleseg.deploy.export.WrappedModel``'s (``argmax``:
-int32 class ids ``[N, H, W]``; ``softmax``: probabilities ``[N, C, H, W]``)
-and ``none`` saves the model itself (logits ``[N, C, H, W]``), as
-PaddleSeg's export.py does; ``paddleseg.deploy.infer.DeployConfig`` reads the
-``deploy.yaml``. On top of that:
-
-* ``psa_impl='custom'``: the C++/CUDA op, fastest; the runtime must load the op
-  library before creating the predictor (``psanet.deploy.predictor.create_predictor``
-  does).
-* ``psa_impl='paddle'``: standard Paddle ops only; runs with no op library and
-  converts to ONNX (``onnx=True``, paddle2onnx with ``optimize_tool='None'``),
-  keeping H and W dynamic.
-
-Export is the build side of deployment: it imports the models, the engine's
-config and checkpoints, and the runtime (:mod:`psanet.deploy`) to check what
-it wrote against the dygraph model (:func:`compare_with_dygraph`). Nothing
-imports it; the file names and keys both sides agree on are in
-:mod:`psanet.contract`.
+The build side of deployment: it imports the models, the engine's config and
+checkpoints, and the runtime's predictor to check what it wrote against the
+dygraph model (:func:`compare_with_dygraph`); nothing imports it. Output ops,
+op forms and PaddleSeg's contract: docs/deploy.md.
 """
+import dataclasses
 import os
+from dataclasses import dataclass
+from typing import Optional, Sequence
 
 import numpy as np
 import paddle
@@ -32,20 +18,19 @@ from paddleseg.deploy.export import WrappedModel
 
 from psanet.contract import (DEFAULT_TRANSFORMS, DEPLOY_FILE, DEPLOY_SECTION, DYNAMIC_INPUT_SHAPE,
                              INPUT_NAME, ONNX_FILE, OUTPUT_OPS, PALETTES, PARAMS_FILE,
-                             PROGRAM_FILE, check_save_dir, get_image_list)
+                             PROGRAM_FILE, check_save_dir, get_image_list, palette_for)
 from psanet.core.checkpoint import load_model_weights, write_folder
 from psanet.core.config import ComponentBuilder, load_config
-from psanet.core.predict import palette_for
 from psanet.deploy.config import DeployConfig
-from psanet.deploy.predictor import OnnxRunner, PaddleRunner
+from psanet.deploy.predictor import OnnxRunner, PaddleRunner, PredictorOptions
 from psanet.deploy.processing import preprocess
 from psanet.errors import ConfigError
 from psanet.log import get_logger
 from psanet.ops import psa_impl as use_psa_impl
 from psanet.ops.psa_mask import _IMPLS as PSA_IMPLS
 
-__all__ = ['exported_layer', 'export_model', 'export_onnx', 'export_from_config',
-           'check_export_options', 'parse_input_shape', 'compare_with_dygraph']
+__all__ = ['ExportOptions', 'exported_layer', 'export_model', 'export_onnx', 'export_from_config',
+           'parse_input_shape', 'compare_with_dygraph']
 
 ONNX_OPSET = 13
 
@@ -91,26 +76,45 @@ def parse_input_shape(input_shape):
     return shape
 
 
-def check_export_options(input_shape=None, output_op='argmax', psa_impl='custom', onnx=False,
-                         palette='default'):
-    """Raises ConfigError for an export option that cannot work; returns the input shape.
+@dataclass(frozen=True)
+class ExportOptions:
+    """What an export writes: export.py's flags and the palette, checked once.
 
-    Args: see :func:`export_model`.
+    Args:
+        input_shape (Sequence, optional): ``[N, C, H, W]``, None/-1 for a dynamic
+            dimension; None means ``[-1, 3, -1, -1]`` (dynamic batch and size). Kept as
+            the int tuple :func:`parse_input_shape` makes of it. Default: None.
+        output_op (str, optional): 'argmax' (int32 class ids [N, H, W]), 'softmax'
+            (probabilities [N, C, H, W]) or 'none' (logits [N, C, H, W]), as PaddleSeg's
+            export.py. Default: 'argmax'.
+        psa_impl (str, optional): 'custom' (the C++/CUDA op; the runtime loads its
+            library) or 'paddle' (standard ops only; converts to ONNX). Default: 'custom'.
+        onnx (bool, optional): Also write model.onnx (needs psa_impl='paddle', paddle2onnx
+            and onnxruntime). Default: False.
+        palette (str, optional): Colours of the deployed predictions, 'cityscapes' or
+            'default' (:func:`psanet.contract.palette_for`). Default: 'default'.
 
-    Returns:
-        list: ``[N, 3, H, W]`` from :func:`parse_input_shape`.
+    Raises:
+        ConfigError: for an option that cannot work, naming its flag.
     """
-    for name, value, choices in (('--output_op', output_op, OUTPUT_OPS),
-                                 ('--psa_impl', psa_impl, PSA_IMPLS),
-                                 ('palette', palette, PALETTES)):
-        if value not in choices:
-            raise ConfigError(f'{name} must be one of {choices}, got {value!r}.')
-    if onnx and psa_impl != 'paddle':
-        raise ConfigError('--onnx needs the pure-Paddle op: add --psa_impl paddle '
-                          '(paddle2onnx cannot convert custom operators).')
-    if onnx:
-        _check_onnx_tools()
-    return parse_input_shape(input_shape)
+    input_shape: Optional[Sequence] = None
+    output_op: str = 'argmax'
+    psa_impl: str = 'custom'
+    onnx: bool = False
+    palette: str = 'default'
+
+    def __post_init__(self):
+        for name, value, choices in (('--output_op', self.output_op, OUTPUT_OPS),
+                                     ('--psa_impl', self.psa_impl, PSA_IMPLS),
+                                     ('palette', self.palette, PALETTES)):
+            if value not in choices:
+                raise ConfigError(f'{name} must be one of {choices}, got {value!r}.')
+        if self.onnx and self.psa_impl != 'paddle':
+            raise ConfigError('--onnx needs the pure-Paddle op: add --psa_impl paddle '
+                              '(paddle2onnx cannot convert custom operators).')
+        if self.onnx:
+            _check_onnx_tools()
+        object.__setattr__(self, 'input_shape', tuple(parse_input_shape(self.input_shape)))
 
 
 ONNX_INSTALL = 'pip install paddle2onnx onnxruntime'
@@ -128,56 +132,41 @@ def _check_onnx_tools():
                           'or export without --onnx.')
 
 
-def export_model(model, val_transforms, save_dir, input_shape=None, output_op='argmax',
-                 psa_impl='custom', onnx=False, num_classes=None, palette='default'):
+def export_model(model, val_transforms, save_dir, options=None, num_classes=None):
     """Saves ``model`` for deployment; returns the path of ``deploy.yaml``.
+
+    The files are written into a hidden folder beside ``save_dir`` that replaces
+    it once complete, so a failed export leaves the previous one whole. Files of
+    the old folder that are not export files stay.
 
     Args:
         model (paddle.nn.Layer): A segmentation model whose forward returns a list of logits.
         val_transforms (list[dict]): The config's val transforms, written to deploy.yaml.
         save_dir (str): Output folder.
-        input_shape (list, optional): ``[N, C, H, W]``, None/-1 for a dynamic dimension;
-            None means ``[-1, 3, -1, -1]`` (dynamic batch and size). Default: None.
-        output_op (str, optional): 'argmax' (int32 class ids [N, H, W]), 'softmax'
-            (probabilities [N, C, H, W]) or 'none' (logits [N, C, H, W]), as PaddleSeg's
-            export.py. Default: 'argmax'.
-        psa_impl (str, optional): 'custom' or 'paddle' (see module doc). Default: 'custom'.
-        onnx (bool, optional): Also write model.onnx (needs psa_impl='paddle'). Default: False.
+        options (ExportOptions, optional): Default: ``ExportOptions()`` (dynamic shape,
+            argmax, the custom op, no ONNX).
         num_classes (int, optional): Written to deploy.yaml. Default: None.
-        palette (str, optional): Colours of the deployed predictions, 'cityscapes' or
-            'default' (see ``psanet.core.predict.palette_for``). Default: 'default'.
 
     Raises:
-        ConfigError: for an option that cannot work (:func:`check_export_options`)
-            or a ``save_dir`` that cannot be a folder.
+        ConfigError: for a ``save_dir`` that cannot be a folder.
     """
-    shape = check_export_options(input_shape, output_op, psa_impl, onnx, palette)
+    options = options or ExportOptions()
     check_save_dir(save_dir)
-    return _save(model, val_transforms, save_dir, shape, output_op, psa_impl, onnx, num_classes,
-                 palette)
-
-
-def _save(model, val_transforms, save_dir, shape, output_op, psa_impl, onnx, num_classes,
-          palette):
-    """:func:`export_model` with its options checked: written into a hidden folder beside
-    ``save_dir`` that replaces it once complete, so a failed export leaves the previous
-    one whole. Files of the old folder that are not export files stay."""
     export_files = {PROGRAM_FILE, PARAMS_FILE, ONNX_FILE, DEPLOY_FILE}
     write_folder(save_dir, lambda folder: _write_export(
-        model, val_transforms, folder, shape, output_op, psa_impl, onnx, num_classes, palette),
+        model, val_transforms, folder, options, num_classes),
         carry_over=lambda name: name not in export_files and not name.startswith('.'))
     return os.path.join(save_dir, DEPLOY_FILE)
 
 
-def _write_export(model, val_transforms, save_dir, shape, output_op, psa_impl, onnx, num_classes,
-                  palette):
+def _write_export(model, val_transforms, save_dir, options, num_classes):
     was_training = model.training
-    wrapped = exported_layer(model, output_op)
+    wrapped = exported_layer(model, options.output_op)
     wrapped.eval()
-    spec = [paddle.static.InputSpec([None if s < 0 else s for s in shape], 'float32',
-                                    INPUT_NAME)]
+    spec = [paddle.static.InputSpec([None if s < 0 else s for s in options.input_shape],
+                                    'float32', INPUT_NAME)]
     try:
-        with use_psa_impl(psa_impl):
+        with use_psa_impl(options.psa_impl):
             # paddle.jit.save names its files <prefix>.json and <prefix>.pdiparams.
             paddle.jit.save(wrapped, os.path.join(save_dir, os.path.splitext(PROGRAM_FILE)[0]),
                             input_spec=spec)
@@ -192,15 +181,15 @@ def _write_export(model, val_transforms, save_dir, shape, output_op, psa_impl, o
         'model': PROGRAM_FILE,
         'params': PARAMS_FILE,
         'transforms': [dict(t) for t in val_transforms],
-        'input_shape': shape,
-        'output_op': output_op,
-        'output_dtype': 'int32' if output_op == 'argmax' else 'float32',
-        'psa_impl': psa_impl,
-        'palette': palette,
+        'input_shape': list(options.input_shape),
+        'output_op': options.output_op,
+        'output_dtype': 'int32' if options.output_op == 'argmax' else 'float32',
+        'psa_impl': options.psa_impl,
+        'palette': options.palette,
     }
     if num_classes is not None:
         deploy['num_classes'] = int(num_classes)
-    if onnx:
+    if options.onnx:
         export_onnx(save_dir)
         deploy['onnx'] = ONNX_FILE
     with open(os.path.join(save_dir, DEPLOY_FILE), 'w') as f:
@@ -221,27 +210,28 @@ def export_onnx(save_dir):
     return target
 
 
-def export_from_config(config, model_path, save_dir='output/inference_model', input_shape=None,
-                       output_op='argmax', psa_impl='custom', onnx=False, check_image_path=None,
-                       opts=None):
+def export_from_config(config, model_path, save_dir='output/inference_model',
+                       check_image_path=None, opts=None, **flags):
     """export.py: builds the model from ``config``, loads ``model_path`` and exports it.
 
     Args:
         config (str): The training config (its model and val transforms are used).
         model_path (str): model.pdparams or a checkpoint folder; None exports the
             initial weights (with a warning), as PaddleSeg's export.py does.
-        save_dir, input_shape, output_op, psa_impl, onnx: see :func:`export_model`.
+        save_dir (str, optional): Output folder. Default: 'output/inference_model'.
         check_image_path (str, optional): Images (a file, folder or list) to run through
             the dygraph model and the exported one (Paddle Inference on the CPU, oneDNN off
             and on; onnxruntime too with ``onnx``), logging how far they agree. Default: None.
         opts (list, optional): ``key=value`` config overrides. Default: None.
+        **flags: export.py's ``input_shape``, ``output_op``, ``psa_impl`` and ``onnx``
+            (:class:`ExportOptions`); the palette follows the config's val dataset.
 
     Returns:
         str: the path of deploy.yaml.
     """
     logger = get_logger()
     # Checked before the model is built and loaded.
-    shape = check_export_options(input_shape, output_op, psa_impl, onnx)
+    options = ExportOptions(**flags)
     check_save_dir(save_dir)
     paddle.set_device('cpu')
     cfg = load_config(config, opts=opts)
@@ -254,10 +244,12 @@ def export_from_config(config, model_path, save_dir='output/inference_model', in
     val_transforms = (cfg.dic.get('val_dataset') or {}).get('transforms') or \
         DEFAULT_TRANSFORMS
     val_class = builder.val_dataset_class if cfg.dic.get('val_dataset') else None
-    path = _save(model, val_transforms, save_dir, shape, output_op, psa_impl, onnx,
-                 getattr(model, 'num_classes', None), palette_for(val_class))
-    logger.info(f'Exported the model ({psa_impl} psa_mask, input {shape}, output '
-                f'{output_op}) to {save_dir}; deploy config {path}.')
+    options = dataclasses.replace(options, palette=palette_for(val_class))
+    path = export_model(model, val_transforms, save_dir, options,
+                        getattr(model, 'num_classes', None))
+    logger.info(f'Exported the model ({options.psa_impl} psa_mask, input '
+                f'{list(options.input_shape)}, output {options.output_op}) to {save_dir}; '
+                f'deploy config {path}.')
     if check_image_path:
         _check_export(model, path, check_image_path, logger)
     return path
@@ -265,30 +257,31 @@ def export_from_config(config, model_path, save_dir='output/inference_model', in
 
 def _check_export(model, deploy_path, image_path, logger):
     images = [path for path, _ in get_image_list(image_path)]
-    checks = [('Paddle Inference, CPU, oneDNN off', {'enable_mkldnn': False}),
-              ('Paddle Inference, CPU, oneDNN on', {'enable_mkldnn': True})]
+    checks = [('Paddle Inference, CPU, oneDNN off', 'paddle', False),
+              ('Paddle Inference, CPU, oneDNN on', 'paddle', True)]
     deploy = DeployConfig(deploy_path)
     if deploy.onnx:
-        checks.append(('onnxruntime, CPU', {'backend': 'onnxruntime'}))
-    for name, options in checks:
-        result = compare_with_dygraph(model, deploy, images, **options)
+        checks.append(('onnxruntime, CPU', 'onnxruntime', False))
+    for name, backend, enable_mkldnn in checks:
+        result = compare_with_dygraph(model, deploy, images,
+                                      PredictorOptions(enable_mkldnn=enable_mkldnn), backend)
         diff = '' if result['max_abs_diff'] is None else \
             f', max |output - dygraph| {result["max_abs_diff"]:.1e}'
         logger.info(f'Exported model ({name}) vs dygraph on {result["images"]} images: '
                     f'{result["pixel_agreement"] * 100:.3f}% of pixels agree{diff}.')
 
 
-def compare_with_dygraph(model, deploy, image_paths, backend='paddle', **predictor_options):
+def compare_with_dygraph(model, deploy, image_paths, options=None, backend='paddle'):
     """Runs ``image_paths`` through ``model`` (dygraph) and the export ``deploy`` describes.
 
     Args:
         model (paddle.nn.Layer): The dygraph model the export was made from.
         deploy (DeployConfig|str): The export's deploy config or its path.
         image_paths (list[str]): Images, preprocessed with the export's transforms.
+        options (PredictorOptions, optional): How the export runs (for onnxruntime, its
+            ``cpu_threads``). Default: ``PredictorOptions()``.
         backend (str, optional): 'paddle' (Paddle Inference) or 'onnxruntime' (model.onnx).
             Default: 'paddle'.
-        **predictor_options: ``create_predictor`` options (enable_mkldnn, cpu_threads, ...),
-            or ``cpu_threads`` for onnxruntime.
 
     Returns:
         dict: ``images``; ``pixel_agreement``, the fraction of pixels whose class is
@@ -296,10 +289,7 @@ def compare_with_dygraph(model, deploy, image_paths, backend='paddle', **predict
         from the dygraph logits (or their softmax), None for an argmax export.
     """
     deploy = deploy if isinstance(deploy, DeployConfig) else DeployConfig(deploy)
-    if backend == 'onnxruntime':
-        runner = OnnxRunner(deploy, **predictor_options)
-    else:
-        runner = PaddleRunner(deploy, **predictor_options)
+    runner = (OnnxRunner if backend == 'onnxruntime' else PaddleRunner)(deploy, options)
     transforms = deploy.build_transforms()
     was_training = model.training
     model.eval()

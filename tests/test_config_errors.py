@@ -86,8 +86,8 @@ GOOD = dict(num_classes=3, psa_type=2, mask_h=5, mask_w=7, psa_channels=8, shrin
     ('psa_channels', '64', 'a positive integer'),
     ('shrink_factor', 0, 'a positive integer'),
     ('num_classes', 0, 'a positive integer'),
-    ('psa_type', 3, '0 (collect), 1 (distribute) or 2 (bi-direction)'),
-    ('psa_type', 'collect', '0 (collect), 1 (distribute) or 2 (bi-direction)'),
+    ('psa_type', 3, '0 (collect), 1 (distribute) or 2 (bi-directional)'),
+    ('psa_type', 'collect', '0 (collect), 1 (distribute) or 2 (bi-directional)'),
     ('normalization_factor', 0, 'a positive number, or null for mask_h*mask_w'),
     ('normalization_factor', float('nan'), 'a positive number, or null for mask_h*mask_w'),
     ('normalization_factor', 'one', 'a positive number, or null for mask_h*mask_w'),
@@ -135,7 +135,7 @@ def test_a_wrong_type_from_opts_names_the_config_key():
     message = _model_error(MINI_CONFIG, opts=['model.mask_w=abc'])
     assert "model.mask_w must be a positive integer, got 'abc'" in message
     message = _model_error(MINI_CONFIG, opts=['model.psa_type=5'])
-    assert 'model.psa_type must be 0 (collect), 1 (distribute) or 2 (bi-direction), got 5' \
+    assert 'model.psa_type must be 0 (collect), 1 (distribute) or 2 (bi-directional), got 5' \
         in message
 
 

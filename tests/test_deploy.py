@@ -16,7 +16,7 @@ from PIL import Image
 
 import psanet.models  # noqa: F401  (registers PSANet)
 from psanet.deploy.config import DeployConfig
-from psanet.deploy.predictor import PaddleRunner
+from psanet.deploy.predictor import PaddleRunner, PredictorOptions
 from psanet.deploy.processing import postprocess, preprocess
 from psanet.deploy.timing import StageTimer
 from psanet.errors import DeployError
@@ -24,7 +24,7 @@ from conftest import INFER_SCRIPT as INFER, run_process
 from conftest import MINI_PSANET_RTOL, ROOT, assert_logits_agree
 from conftest import infer_in_process as conftest_infer_in_process
 from engine_helpers import mini_psanet_for_eval
-from psanet.export import export_model
+from psanet.export import ExportOptions, export_model
 
 CITYSCAPES_COLORS = np.array([trainId2label[i].color for i in range(19)])
 IMAGE_SIZE = (96, 64)  # width, height
@@ -68,8 +68,9 @@ def setup(tmp_path_factory):
     dirs = {impl: str(root / impl) for impl in ('custom', 'paddle')}
     for impl, save_dir in dirs.items():
         # 19 classes both times: the palette comes from deploy.yaml, not the class count.
-        export_model(model, [{'type': 'Normalize'}], save_dir, psa_impl=impl, num_classes=19,
-                     palette='cityscapes' if impl == 'custom' else 'default')
+        palette = 'cityscapes' if impl == 'custom' else 'default'
+        export_model(model, [{'type': 'Normalize'}], save_dir,
+                     ExportOptions(psa_impl=impl, palette=palette), num_classes=19)
     images = root / 'images'
     (images / 'sub').mkdir(parents=True)
     rng = np.random.RandomState(0)
@@ -149,8 +150,8 @@ def test_infer_exits_nonzero_when_the_op_library_is_missing(setup, tmp_path):
 PURE_PADDLE_SCRIPT = '''
 import sys
 import numpy as np
-from psanet.deploy.predictor import PaddleRunner
-runner = PaddleRunner(sys.argv[1], device='cpu', enable_mkldnn=sys.argv[3] == 'True')
+from psanet.deploy.predictor import PaddleRunner, PredictorOptions
+runner = PaddleRunner(sys.argv[1], PredictorOptions(enable_mkldnn=sys.argv[3] == 'True'))
 np.save(sys.argv[2], runner.run(np.load(sys.argv[2] + '.in.npy')))
 with open('/proc/self/maps') as f:
     print('LIBRARY_MAPPED' if 'psa_mask_op' in f.read() else 'NO_LIBRARY')
@@ -194,7 +195,7 @@ def test_infer_rejects_bad_flags(setup, tmp_path, capfd, flags, message):
 @pytest.mark.skipif(paddle.is_compiled_with_cuda(), reason='checks the CPU-build message')
 def test_gpu_on_a_cpu_build_says_so(setup):
     with pytest.raises(DeployError, match='paddlepaddle-gpu'):
-        PaddleRunner(setup[1]['paddle'], device='gpu')
+        PaddleRunner(setup[1]['paddle'], PredictorOptions(device='gpu'))
 
 
 def test_a_batch_of_two_sizes_is_refused(setup):

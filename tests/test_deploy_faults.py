@@ -12,7 +12,7 @@ from conftest import INFER_SCRIPT as INFER, run_process
 from conftest import MINI_PSANET_RTOL, ROOT, infer_in_process
 from engine_helpers import assert_saved_masks_agree, mini_psanet_for_eval
 from psanet.deploy.config import check_params_file
-from psanet.export import export_model
+from psanet.export import ExportOptions, export_model
 
 IMAGE_SIZE = (96, 64)  # width, height
 
@@ -29,7 +29,8 @@ def exported(tmp_path_factory):
     root = tmp_path_factory.mktemp('deploy_faults')
     model = mini_psanet_for_eval(seed=3)
     save_dir = str(root / 'export')
-    export_model(model, [{'type': 'Normalize'}], save_dir, psa_impl='paddle', num_classes=19)
+    export_model(model, [{'type': 'Normalize'}], save_dir, ExportOptions(psa_impl='paddle'),
+                 num_classes=19)
     return model, save_dir
 
 

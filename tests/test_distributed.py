@@ -30,6 +30,7 @@ from psanet.core import dist
 from psanet.core.checkpoint import load_model_weights
 from psanet.core.config import ComponentBuilder, load_config
 from psanet.core.loader import SampleReader, TrainBatchSampler
+from psanet.core.options import TrainOptions
 from psanet.core.train import train
 from psanet.core.val import evaluate
 
@@ -50,9 +51,10 @@ def recording(self, index):
     return original(self, index)
 
 SampleReader.__getitem__ = recording
-result = train(model, train_dataset, builder.optimizer, builder.losses, iters=4,
-               batch_size=2, val_dataset=builder.dataset('val'),
-               save_dir=os.path.join(out, 'train'), save_interval=4, log_iters=1)
+result = train(model, train_dataset, builder.optimizer, builder.losses,
+               TrainOptions(iters=4, batch_size=2, save_dir=os.path.join(out, 'train'),
+                            save_interval=4, log_iters=1),
+               val_dataset=builder.dataset('val'))
 SampleReader.__getitem__ = original
 np.savez(os.path.join(out, 'params_%d.npz' % rank),
          **{{k: v.numpy() for k, v in model.named_parameters()}})

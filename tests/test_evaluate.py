@@ -18,7 +18,8 @@ from psanet.cli import run_cli
 from psanet.core import inference as infer
 from psanet.core.checkpoint import save_checkpoint
 from psanet.core.config import ComponentBuilder, load_config
-from psanet.core.metrics import class_areas, summarize
+from psanet.core.metrics import class_areas, confusion_matrix, summarize
+from psanet.core.options import InferenceOptions
 from psanet.core.val import evaluate, evaluate_from_config, format_report, prediction_file_name
 from psanet.errors import CheckpointError, ConfigError
 
@@ -39,7 +40,8 @@ def numpy_metrics(pred, label, num_classes):
 
     total = confusion.sum()
     expected = (pred_area * label_area).sum() / total**2
-    return {'class_iou': ratio(tp, union), 'miou': ratio(tp, union).mean(),
+    return {'confusion_matrix': confusion,
+            'class_iou': ratio(tp, union), 'miou': ratio(tp, union).mean(),
             'acc': tp.sum() / total, 'kappa': (tp.sum() / total - expected) / (1 - expected),
             'class_dice': ratio(2 * tp, label_area + pred_area),
             'class_precision': ratio(tp, pred_area), 'class_recall': ratio(tp, label_area)}
@@ -59,7 +61,7 @@ def test_metrics_match_numpy_confusion():
     pred = rng.integers(0, num_classes - 1, size=label.shape)
     pred[0, 0, 0, :4] = 5                                          # ... but predicted
     areas = class_areas(paddle.to_tensor(pred, dtype='int32'), paddle.to_tensor(label), num_classes)
-    got = summarize(areas)
+    got = dict(summarize(areas), confusion_matrix=confusion_matrix(pred, label, num_classes))
     assert_metrics_equal(got, numpy_metrics(pred, label, num_classes))
     assert got['class_iou'][5] == 0
 
@@ -210,7 +212,8 @@ def test_slide_covering_the_image_equals_whole_image_inference(toy):
     for crop in ((64, 32), (100, 50)):
         # One window, the whole image: the same convolutions of the same tensor, then a
         # zero padding and a division by 1, which are exact.
-        slide = infer.inference(model, x, is_slide=True, crop_size=crop, stride=(8, 8))
+        slide = infer.inference(model, x, options=InferenceOptions(is_slide=True, crop_size=crop,
+                                                                    stride=(8, 8)))
         np.testing.assert_array_equal(slide.numpy(), whole.numpy())
     # A per-pixel model gives the same logits from any overlapping windows: up to the
     # rounding of a 3-term dot product over windows of other widths and of the mean of
@@ -234,9 +237,9 @@ def test_aug_inference_averages_flipped_and_scaled_outputs(toy, combine):
     config_path, _ = toy
     model, dataset = _model_and_val(config_path)
     x = _normalised(dataset.file_list[1][0])
-    kwargs = {} if combine == 'logits' else {'combine': combine}  # logits: the default
-    got = infer.aug_inference(model, x, flip_horizontal=True, flip_vertical=True,
-                              **kwargs).numpy()
+    kwargs = {} if combine == 'logits' else {'aug_combine': combine}  # logits: the default
+    got = infer.aug_inference(model, x, options=InferenceOptions(
+        flip_horizontal=True, flip_vertical=True, **kwargs)).numpy()
 
     def scores(array):
         with paddle.no_grad():
@@ -250,7 +253,8 @@ def test_aug_inference_averages_flipped_and_scaled_outputs(toy, combine):
     # The same logits (flips are exact), or their softmax, averaged in another order:
     # a few eps32 (1e-7) of values of about 1.
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
-    scaled = infer.aug_inference(model, x, scales=[0.5, 1.0, 1.5], **kwargs).numpy()
+    scaled = infer.aug_inference(model, x, options=InferenceOptions(
+        scales=[0.5, 1.0, 1.5], **kwargs)).numpy()
     height, width = x.shape[2:]
     expected = 0
     with paddle.no_grad():
@@ -263,9 +267,9 @@ def test_aug_inference_averages_flipped_and_scaled_outputs(toy, combine):
                                       align_corners=False).numpy() / 3
     np.testing.assert_allclose(scaled, expected, rtol=1e-5, atol=1e-6)
     with pytest.raises(ConfigError, match='--scales'):
-        infer.aug_inference(model, x, scales=[0.0])
+        infer.aug_inference(model, x, options=InferenceOptions(scales=[0.0]))
     with pytest.raises(ConfigError, match='--aug_combine'):
-        infer.aug_inference(model, x, combine='mean')
+        infer.aug_inference(model, x, options=InferenceOptions(aug_combine='mean'))
 
 
 def _reference_score(model, x, scales=(1.0, ), flips=((False, False), ), crop=None,
@@ -315,7 +319,7 @@ def test_evaluate_aug_and_slide_options_match_step_by_step_predictions(toy, opti
         scores = [_reference_score(model, _normalised(image_path), **reference)
                   for image_path, _ in dataset.file_list]
     expected = _expected_metrics(dataset, scores)
-    assert_metrics_equal(evaluate(model, dataset, print_detail=False, **options), expected)
+    assert_metrics_equal(evaluate(model, dataset, InferenceOptions(**options), print_detail=False), expected)
 
 
 def _official_evaluation(results_dir, cityscapes_root):
@@ -383,3 +387,44 @@ def test_val_py_exit_code_on_bad_model_path(tmp_path, mini_cityscapes):
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.startswith(f'error: --model_path {missing} does not exist'), done.stderr
     assert 'Traceback' not in done.stderr
+
+
+def test_val_save_dir_draws_the_numbers_it_prints(tmp_path, mini_cityscapes, monkeypatch, caplog):
+    """val.py --save_dir: class_iou.png and confusion_matrix.png are drawn from the arrays of
+    the result, whose IoU (paddleseg's areas) the confusion matrix (a bincount) gives again."""
+    import psanet.visualize as visualize
+    from engine_helpers import mini_psanet_for_eval
+    from conftest import MINI_CONFIG
+    drawn = {}
+    real_chart, real_matrix = visualize.iou_bar_chart, visualize.confusion_matrix_image
+
+    def chart(class_iou, names, miou):
+        drawn['chart'] = (np.array(class_iou), list(names), miou)
+        return real_chart(class_iou, names, miou)
+
+    def matrix(confusion, names):
+        drawn['matrix'] = (np.array(confusion), list(names))
+        return real_matrix(confusion, names)
+
+    monkeypatch.setattr(visualize, 'iou_bar_chart', chart)
+    monkeypatch.setattr(visualize, 'confusion_matrix_image', matrix)
+    weights = str(tmp_path / 'model.pdparams')
+    paddle.save(mini_psanet_for_eval(seed=2).state_dict(), weights)
+    save_dir = tmp_path / 'results'
+    with caplog.at_level('INFO', logger='psanet'):
+        result = evaluate_from_config(MINI_CONFIG, weights, device='cpu', save_dir=str(save_dir),
+                                      opts=[f'val_dataset.dataset_root={mini_cityscapes}'])
+    printed = caplog.text
+    assert (save_dir / 'class_iou.png').is_file() and (save_dir / 'confusion_matrix.png').is_file()
+    class_iou, names, miou = drawn['chart']
+    np.testing.assert_array_equal(class_iou, result['class_iou'])
+    assert miou == result['miou'] and f'mIoU: {miou:.4f}' in printed
+    confusion, matrix_names = drawn['matrix']
+    np.testing.assert_array_equal(confusion, result['confusion_matrix'])
+    assert names == matrix_names and names[:2] == ['road', 'sidewalk'] and len(names) == 19
+    tp = np.diag(confusion).astype(np.float64)
+    union = confusion.sum(0) + confusion.sum(1) - tp
+    np.testing.assert_allclose(np.where(union > 0, tp / np.maximum(union, 1), 0.0),
+                               result['class_iou'], rtol=1e-12, atol=0)
+    np.testing.assert_array_equal(result['areas'], np.stack([np.diag(confusion),
+                                                             confusion.sum(0), confusion.sum(1)]))

@@ -14,12 +14,12 @@ import yaml
 
 import psanet.models  # noqa: F401  (registers PSANet)
 from psanet.deploy.config import DeployConfig, graph_holds_custom_op
-from psanet.deploy.predictor import OnnxRunner, PaddleRunner
+from psanet.deploy.predictor import OnnxRunner, PaddleRunner, PredictorOptions
 from psanet.errors import DeployError
 from conftest import (MINI_CONFIG, MINI_PSANET_RTOL, ROOT, assert_logits_agree,
                       clear_margin_pixels, run_process)
 from engine_helpers import build_config_model
-from psanet.export import export_model, parse_input_shape
+from psanet.export import ExportOptions, export_model, parse_input_shape
 
 # Every backend here (jit.load, Paddle Inference with and without oneDNN, onnxruntime)
 # adds the convolutions' sums in an order of its own: logits within MINI_PSANET_RTOL of
@@ -54,9 +54,9 @@ def exported(tmp_path_factory):
         'paddle': str(root / 'paddle'),
     }
     export_model(model, cfg.dic['val_dataset']['transforms'], dirs['custom'],
-                 output_op='none', psa_impl='custom')
+                 ExportOptions(output_op='none', psa_impl='custom'))
     export_model(model, cfg.dic['val_dataset']['transforms'], dirs['paddle'],
-                 output_op='none', psa_impl='paddle')
+                 ExportOptions(output_op='none', psa_impl='paddle'))
     logits = {}
     with paddle.no_grad():
         for shape in SHAPES:
@@ -79,8 +79,9 @@ def test_jit_load_agrees_with_dygraph(exported, impl):
 @pytest.mark.parametrize('enable_mkldnn', [False, True])
 def test_predictor_agrees_with_dygraph(exported, impl, enable_mkldnn):
     _, dirs, logits = exported
-    runner = PaddleRunner(os.path.join(dirs[impl], 'deploy.yaml'), device='cpu',
-                          enable_mkldnn=enable_mkldnn, cpu_threads=1)
+    runner = PaddleRunner(os.path.join(dirs[impl], 'deploy.yaml'),
+                          PredictorOptions(device='cpu', enable_mkldnn=enable_mkldnn,
+                                           cpu_threads=1))
     for shape in SHAPES:
         got = runner.run(inputs(shape))
         assert_logits_agree(got, logits[shape], RTOL,
@@ -93,7 +94,7 @@ def onnx_export(exported, tmp_path_factory):
     model = exported[0]
     folder = str(tmp_path_factory.mktemp('export') / 'onnx')
     export_model(model, build_config_model()[0].dic['val_dataset']['transforms'], folder,
-                 output_op='none', psa_impl='paddle', onnx=True)
+                 ExportOptions(output_op='none', psa_impl='paddle', onnx=True))
     return folder
 
 
@@ -137,9 +138,9 @@ def test_fixed_input_shape_with_argmax_and_softmax(exported, tmp_path):
     want = logits[shape]
     for output_op in ('argmax', 'softmax'):
         save_dir = str(tmp_path / output_op)
-        export_model(model, [{'type': 'Normalize'}], save_dir, input_shape=list(shape),
-                     output_op=output_op)
-        runner = PaddleRunner(save_dir, device='cpu')
+        export_model(model, [{'type': 'Normalize'}], save_dir,
+                     ExportOptions(input_shape=list(shape), output_op=output_op))
+        runner = PaddleRunner(save_dir, PredictorOptions(device='cpu'))
         assert runner.deploy.input_shape == list(shape)
         got = runner.run(inputs(shape))
         if output_op == 'argmax':
@@ -173,16 +174,15 @@ def test_parse_input_shape_rejects(shape):
         parse_input_shape(shape)
 
 
-def test_export_rejects_bad_arguments(exported, tmp_path):
-    model = exported[0]
+def test_export_rejects_bad_arguments():
     with pytest.raises(ValueError, match='--psa_impl paddle'):
-        export_model(model, [], str(tmp_path / 'a'), psa_impl='custom', onnx=True)
+        ExportOptions(psa_impl='custom', onnx=True)
     with pytest.raises(ValueError, match='--output_op'):
-        export_model(model, [], str(tmp_path / 'b'), output_op='max')
+        ExportOptions(output_op='max')
     with pytest.raises(ValueError, match='--psa_impl'):
-        export_model(model, [], str(tmp_path / 'c'), psa_impl='cuda')
+        ExportOptions(psa_impl='cuda')
     with pytest.raises(ValueError, match='palette'):
-        export_model(model, [], str(tmp_path / 'd'), palette='rainbow')
+        ExportOptions(palette='rainbow')
 
 
 @pytest.mark.parametrize('onnx', [False, pytest.param(True, marks=needs_onnx)])
@@ -201,7 +201,7 @@ def test_export_from_config_loads_the_weights(exported, tmp_path, onnx):
     assert deploy.output_op == 'none' and bool(deploy.onnx) == onnx
     assert not deploy.holds_custom_op
     shape = SHAPES[0]
-    runner = OnnxRunner(deploy) if onnx else PaddleRunner(deploy, device='cpu')
+    runner = OnnxRunner(deploy) if onnx else PaddleRunner(deploy, PredictorOptions())
     assert_logits_agree(runner.run(inputs(shape)), logits[shape], RTOL, 'export_from_config')
 
 
@@ -213,7 +213,8 @@ def test_compare_with_dygraph_tells_a_different_model_apart(exported, tmp_path):
     model, dirs, _ = exported
     image = str(tmp_path / 'image.png')
     cv2.imwrite(image, np.random.RandomState(0).randint(0, 256, (64, 96, 3)).astype('uint8'))
-    same = compare_with_dygraph(model, dirs['custom'], [image], enable_mkldnn=True)
+    same = compare_with_dygraph(model, dirs['custom'], [image],
+                                PredictorOptions(enable_mkldnn=True))
     # oneDNN's convolutions round differently (RTOL): only near-ties may change class.
     batch = preprocess([image], DeployConfig(dirs['custom']).build_transforms())[0]
     with paddle.no_grad():

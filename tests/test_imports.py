@@ -185,3 +185,23 @@ def test_importing_the_models_registers_psanet_with_paddleseg():
 def test_importing_the_engine_package_loads_none_of_its_modules():
     loaded = _loaded_after('import psanet.core')
     assert not [m for m in loaded if m.startswith('psanet.core.')], loaded
+
+
+def test_no_function_outside_the_models_takes_more_than_eight_parameters():
+    """A job's options travel as one object (psanet.core.options), not as argument relays;
+    model constructors keep PaddleSeg's one keyword per YAML key."""
+    crowded = []
+    for name, path in sorted(_modules().items()):
+        if name.startswith('psanet.models'):
+            continue
+        with open(path) as f:
+            tree = ast.parse(f.read(), path)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = node.args
+                names = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
+                names += [a.arg for a in (args.vararg, args.kwarg) if a is not None]
+                names = [n for n in names if n not in ('self', 'cls')]
+                if len(names) > 8:
+                    crowded.append(f'{name}.{node.name} ({len(names)})')
+    assert not crowded, crowded

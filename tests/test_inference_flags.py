@@ -12,7 +12,7 @@ import pytest
 
 from conftest import MINI_CONFIG, ROOT, run_process
 import val
-from psanet.core.val import check_inference_flags
+from psanet.core.options import InferenceOptions
 from psanet.errors import ConfigError
 
 # (flags on the command line, the one that does nothing, the flag it needs)
@@ -30,8 +30,18 @@ NEEDS = [
 ]
 
 
+INFERENCE_FLAGS = ('aug_eval', 'scales', 'flip_horizontal', 'flip_vertical', 'aug_combine',
+                   'is_slide', 'crop_size', 'stride', 'precision', 'amp_level')
+
+
 def flags(argv):
-    return val.parse_args(['--config', 'c.yml', '--model_path', 'm.pdparams'] + argv)
+    """val.py's inference flags as it parses them."""
+    args = vars(val.parse_args(['--config', 'c.yml', '--model_path', 'm.pdparams'] + argv))
+    return {name: args[name] for name in INFERENCE_FLAGS}
+
+
+def check_inference_flags(given, aug_flag, test_config=None):
+    return InferenceOptions.from_flags(given, test_config, aug_flag)
 
 
 @pytest.mark.parametrize('argv, lonely, needed', NEEDS)
@@ -86,13 +96,14 @@ def test_bad_values(argv, test_config, named):
 
 
 def test_aug_combine_from_test_config_or_the_command_line():
-    from psanet.core.val import merge_test_config
-    assert merge_test_config({})['aug_combine'] == 'logits'  # paddleseg 2.8's
-    assert merge_test_config({'aug_combine': 'softmax'})['aug_combine'] == 'softmax'
-    assert merge_test_config({'aug_combine': 'softmax'}, aug_combine='logits')[
-        'aug_combine'] == 'logits'
-    assert merge_test_config({'aug_combine': 'softmax'}, aug_combine=None)[
-        'aug_combine'] == 'softmax'
+    def merged(test_config, **given):
+        return InferenceOptions.from_flags(given, test_config)
+    assert merged({}).aug_combine == 'logits'  # paddleseg 2.8's
+    assert merged({'aug_eval': True, 'aug_combine': 'softmax'}).aug_combine == 'softmax'
+    assert merged({'aug_eval': True, 'aug_combine': 'softmax'},
+                  aug_combine='logits').aug_combine == 'logits'
+    assert merged({'aug_eval': True, 'aug_combine': 'softmax'},
+                  aug_combine=None).aug_combine == 'softmax'
     check_inference_flags(flags(['--aug_combine', 'softmax']), '--aug_eval', {'aug_eval': True})
 
 

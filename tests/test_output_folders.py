@@ -18,7 +18,7 @@ from psanet.core.checkpoint import convert_reproduction_file
 from psanet.core.predict import predict_from_config
 from psanet.core.val import evaluate_from_config
 from psanet.deploy.config import DeployConfig
-from psanet.export import export_from_config, export_model
+from psanet.export import ExportOptions, export_from_config, export_model
 
 # A folder no process can write into, root included (sysfs refuses new entries).
 UNWRITABLE = '/sys/psanet-test-output'
@@ -100,7 +100,7 @@ def first_export(tmp_path_factory):
     """An argmax export with the custom op, and a file of the user's beside it."""
     model = mini_psanet_for_eval(seed=2)
     folder = tmp_path_factory.mktemp('exports') / 'mix'
-    export_model(model, [{'type': 'Normalize'}], str(folder), output_op='argmax')
+    export_model(model, [{'type': 'Normalize'}], str(folder), ExportOptions(output_op='argmax'))
     (folder / 'notes.txt').write_text('mine')
     return model, folder
 
@@ -115,8 +115,8 @@ def test_onnx_without_paddle2onnx_is_refused_before_anything_is_written(first_ex
     with pytest.raises(export_module.ConfigError,
                        match='--onnx needs paddle2onnx and onnxruntime, which are not installed: '
                        'pip install paddle2onnx onnxruntime'):
-        export_model(model, [{'type': 'Normalize'}], str(folder), output_op='none',
-                     psa_impl='paddle', onnx=True)
+        export_model(model, [{'type': 'Normalize'}], str(folder),
+                     ExportOptions(output_op='none', psa_impl='paddle', onnx=True))
     assert _snapshot(folder) == before
 
 
@@ -130,8 +130,8 @@ def test_a_failed_re_export_leaves_the_previous_export_whole(first_export, monke
     monkeypatch.setattr(export_module, 'export_onnx', broken_converter)
     monkeypatch.setattr(export_module, '_check_onnx_tools', lambda: None)  # also without them
     with pytest.raises(RuntimeError, match='simulated'):
-        export_model(model, [{'type': 'Normalize'}], str(folder), output_op='none',
-                     psa_impl='paddle', onnx=True)
+        export_model(model, [{'type': 'Normalize'}], str(folder),
+                     ExportOptions(output_op='none', psa_impl='paddle', onnx=True))
     assert _snapshot(folder) == before
     assert DeployConfig(str(folder / DEPLOY_FILE)).output_op == 'argmax'
     assert sorted(os.listdir(folder.parent)) == ['mix']  # no temporary left beside it
@@ -140,10 +140,10 @@ def test_a_failed_re_export_leaves_the_previous_export_whole(first_export, monke
 def test_a_re_export_replaces_the_export_and_keeps_other_files(first_export, tmp_path):
     model, folder = first_export
     again = tmp_path / 'again'
-    export_model(model, [{'type': 'Normalize'}], str(again), output_op='argmax')
+    export_model(model, [{'type': 'Normalize'}], str(again), ExportOptions(output_op='argmax'))
     (again / 'notes.txt').write_text('mine')
-    export_model(model, [{'type': 'Normalize'}], str(again), output_op='softmax',
-                 psa_impl='paddle')
+    export_model(model, [{'type': 'Normalize'}], str(again),
+                 ExportOptions(output_op='softmax', psa_impl='paddle'))
     with open(again / DEPLOY_FILE) as f:
         deploy = yaml.safe_load(f)['Deploy']
     assert deploy['output_op'] == 'softmax' and deploy['psa_impl'] == 'paddle'

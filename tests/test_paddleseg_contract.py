@@ -23,6 +23,7 @@ import engine_helpers as helpers
 from conftest import (MINI_CONFIG, MINI_PSANET_RTOL, TINY_SEGNET_RTOL,
                       assert_logits_agree, infer_in_process, run_process)
 from psanet.core import inference
+from psanet.core.options import InferenceOptions
 
 
 # PaddleSeg 2.8's deploy/python/infer.py, `--device cpu --print_detail False`, restated
@@ -155,13 +156,13 @@ def test_paddleseg_deploy_config_reads_every_output_op(argmax_export, tmp_path):
     from paddleseg.transforms import Compose, Normalize
 
     from psanet.deploy.config import DeployConfig
-    from psanet.export import export_model
+    from psanet.export import ExportOptions, export_model
     model = helpers.mini_psanet_for_eval(1)
     paths = {'argmax': argmax_export[0]}
     for output_op in ('softmax', 'none'):
         save_dir = str(tmp_path / output_op)
-        export_model(model, [{'type': 'Normalize'}], save_dir, output_op=output_op,
-                     psa_impl='paddle')
+        export_model(model, [{'type': 'Normalize'}], save_dir,
+                     ExportOptions(output_op=output_op, psa_impl='paddle'))
         paths[output_op] = os.path.join(save_dir, 'deploy.yaml')
     for output_op, path in paths.items():
         theirs, ours = PaddleSegDeployConfig(path), DeployConfig(path)
@@ -208,6 +209,6 @@ def test_aug_inference_is_paddleseg_aug_inference(case):
     x = paddle.to_tensor(np.random.RandomState(3).uniform(-1, 1, shape).astype('float32'))
     with paddle.no_grad():
         _, want = paddleseg_aug_inference(model, x, trans_info, **options)
-        got = inference.aug_inference(model, x, trans_info, **options)
+        got = inference.aug_inference(model, x, trans_info, InferenceOptions(**options))
     assert list(got.shape) == list(want.shape)
     assert_logits_agree(got.numpy(), want.numpy(), rtol, case)

@@ -15,8 +15,8 @@ from conftest import (MINI_CONFIG, ROOT, TINY_SEGNET_RTOL, assert_logits_agree,
                       clear_margin_pixels, run_process)
 from psanet.core.checkpoint import save_checkpoint
 from psanet.cli import run_cli
-from psanet.contract import color_map, get_image_list
-from psanet.core.predict import palette_for, predict_from_config
+from psanet.contract import color_map, get_image_list, palette_for
+from psanet.core.predict import predict_from_config
 from psanet.errors import ConfigError, DatasetError
 
 # predict_from_config runs the same TinySegNet as the references below, but on tensors

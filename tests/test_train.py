@@ -16,6 +16,7 @@ from psanet.core import checkpoint as ckpt
 from psanet.core.config import ComponentBuilder, load_config
 from psanet.core.loader import SampleReader, TrainBatchSampler
 from psanet.core.runtime import to_plain_batchnorm
+from psanet.core.options import TrainOptions
 from psanet.core.train import iteration_seed, train, train_from_config
 from psanet.core.val import evaluate
 from psanet.errors import DatasetError, TrainingError
@@ -37,8 +38,8 @@ def test_training_lowers_loss_and_overfits(tmp_path, toy):
     path = helpers.write_config(tmp_path / 'toy.yml', helpers.toy_config(toy, iters=40,
                                                                          batch_size=4))
     builder, model, dataset, optimizer, losses = _build(path)
-    result = train(model, dataset, optimizer, losses, iters=40, batch_size=4,
-                   save_dir=str(tmp_path / 'out'), save_interval=40, log_iters=10, seed=0)
+    result = train(model, dataset, optimizer, losses, TrainOptions(iters=40, batch_size=4,
+                   save_dir=str(tmp_path / 'out'), save_interval=40, log_iters=10, seed=0))
     history = result['losses']
     assert len(history) == 40
     assert np.mean(history[-5:]) < 0.5 * np.mean(history[:5])
@@ -81,18 +82,19 @@ def test_resume_after_a_crash_repeats_the_uninterrupted_losses(tmp_path, toy, nu
                    num_workers=num_workers)
 
     _, model, dataset, optimizer, losses = _build(path)
-    full = train(model, dataset, optimizer, losses, save_dir=str(tmp_path / 'full'), **options)
+    full = train(model, dataset, optimizer, losses, TrainOptions(save_dir=str(tmp_path / 'full'),
+                 **options))
     assert len(full['losses']) == 7
 
     _, model, dataset, optimizer, losses = _build(path)
     with pytest.raises(RuntimeError, match='simulated crash'):
         train(model, dataset, optimizer, _with_failure(losses, 4, 'crash'),
-              save_dir=str(tmp_path / 'cut'), **options)
+              TrainOptions(save_dir=str(tmp_path / 'cut'), **options))
     assert [i for i, _ in ckpt.list_checkpoints(str(tmp_path / 'cut'))] == [3]
 
     _, model, dataset, optimizer, losses = _build(path, seed=99)  # weights come from the checkpoint
-    resumed = train(model, dataset, optimizer, losses, save_dir=str(tmp_path / 'cut'),
-                    resume_model=str(tmp_path / 'cut' / 'iter_3'), **dict(options, seed=None))
+    resumed = train(model, dataset, optimizer, losses, TrainOptions(save_dir=str(tmp_path / 'cut'),
+                    resume_model=str(tmp_path / 'cut' / 'iter_3'), **dict(options, seed=None)))
     assert resumed['start_iter'] == 3
     # Both runs are this machine's kernels on the same float32 bits (a checkpoint stores
     # them exactly; the batches are seeded per epoch and sample), so they agree to the
@@ -113,21 +115,30 @@ def test_nan_loss_stops_naming_iteration_and_last_checkpoint(tmp_path, toy):
     _, model, dataset, optimizer, losses = _build(path)
     save_dir = str(tmp_path / 'out')
     with pytest.raises(TrainingError) as info:
-        train(model, dataset, optimizer, _with_failure(losses, 3, 'nan'), iters=6, batch_size=2,
-              save_dir=save_dir, save_interval=2, log_iters=1, seed=0)
+        train(model, dataset, optimizer, _with_failure(losses, 3, 'nan'), TrainOptions(iters=6,
+              batch_size=2, save_dir=save_dir, save_interval=2, log_iters=1, seed=0))
     message = str(info.value)
     assert 'nan' in message and 'iteration 3' in message
     assert os.path.join(save_dir, 'iter_2') in message
     assert [i for i, _ in ckpt.list_checkpoints(save_dir)] == [2]
 
 
-def test_logs_vdl_eval_best_model_and_keep_checkpoint_max(tmp_path, toy):
+def test_logs_vdl_eval_best_model_and_keep_checkpoint_max(tmp_path, toy, monkeypatch):
     path = helpers.write_config(tmp_path / 'toy.yml', helpers.toy_config(toy, iters=8))
     builder, model, dataset, optimizer, losses = _build(path)
     save_dir = str(tmp_path / 'out')
-    result = train(model, dataset, optimizer, losses, iters=8, batch_size=2,
-                   val_dataset=builder.dataset('val'), save_dir=save_dir, save_interval=2,
-                   log_iters=4, keep_checkpoint_max=2, use_vdl=True, seed=0)
+    figures = []
+    from psanet.core import train as train_module
+    real_figures = train_module.log_evaluation_figures
+
+    def log_figures(writer, evaluated, names, step):
+        figures.append((step, evaluated))
+        return real_figures(writer, evaluated, names, step)
+
+    monkeypatch.setattr(train_module, 'log_evaluation_figures', log_figures)
+    result = train(model, dataset, optimizer, losses, TrainOptions(iters=8, batch_size=2,
+                   save_dir=save_dir, save_interval=2, log_iters=4, keep_checkpoint_max=2,
+                   use_vdl=True, seed=0), val_dataset=builder.dataset('val'))
     assert [i for i, _ in ckpt.list_checkpoints(save_dir)] == [6, 8]
     assert [i for i, _ in result['evals']] == [2, 4, 6, 8]
     best = max(result['evals'], key=lambda e: e[1]['miou'])
@@ -148,6 +159,9 @@ def test_logs_vdl_eval_best_model_and_keep_checkpoint_max(tmp_path, toy):
     assert logged == pytest.approx(np.mean(result['losses'][:4]), abs=1e-4)
     assert 'mIoU' in log and 'BatchNorm: plain BatchNorm (one process).' in log
     assert any(name.startswith('vdlrecords') for name in os.listdir(save_dir))
+    # --use_vdl draws the figures of every evaluation, from the evaluation's own result.
+    assert [(step, id(evaluated)) for step, evaluated in figures] == \
+        [(step, id(evaluated)) for step, evaluated in result['evals']]
 
 
 def test_augmentation_is_seeded_per_epoch_and_sample(tmp_path, toy):
@@ -223,8 +237,8 @@ def test_train_reshuffles_and_reseeds_every_epoch(tmp_path, monkeypatch, num_wor
     monkeypatch.setattr(loader_module, 'collate', collate)
     monkeypatch.setattr(train_module, '_train_step', step)
     # 8 images, batch 2: 4 iterations an epoch, 12 iterations are 3 epochs.
-    train(model, dataset, optimizer, losses, iters=12, batch_size=2,
-          save_dir=str(tmp_path / 'out'), save_interval=12, num_workers=num_workers, seed=3)
+    train(model, dataset, optimizer, losses, TrainOptions(iters=12, batch_size=2,
+          save_dir=str(tmp_path / 'out'), save_interval=12, num_workers=num_workers, seed=3))
     epochs = [read[e * 8:(e + 1) * 8] for e in range(3)]
     assert [[e for e, _ in epoch] for epoch in epochs] == [[e] * 8 for e in range(3)]
     orders = [[i for _, i in epoch] for epoch in epochs]
@@ -262,8 +276,8 @@ def test_unreadable_image_during_training_is_a_dataset_error(tmp_path):
     bad = os.path.join(root, 'images', 'train_003.jpg')
     _corrupt(bad)
     with pytest.raises(DatasetError, match=f'image {bad} cannot be read'):
-        train(model, dataset, optimizer, losses, iters=6, batch_size=2,
-              save_dir=str(tmp_path / 'out'), seed=0)
+        train(model, dataset, optimizer, losses, TrainOptions(iters=6, batch_size=2,
+              save_dir=str(tmp_path / 'out'), seed=0))
 
 
 def test_label_out_of_range_during_training_is_a_dataset_error(tmp_path):
@@ -275,8 +289,8 @@ def test_label_out_of_range_during_training_is_a_dataset_error(tmp_path):
     label[5, 5] = 7
     cv2.imwrite(bad, label)
     with pytest.raises(DatasetError, match=r'has values \[7\] outside \[0, 3\)'):
-        train(model, dataset, optimizer, losses, iters=6, batch_size=2,
-              save_dir=str(tmp_path / 'out'), seed=0)
+        train(model, dataset, optimizer, losses, TrainOptions(iters=6, batch_size=2,
+              save_dir=str(tmp_path / 'out'), seed=0))
 
 
 def _cli_error(capsys, **kwargs):

@@ -22,6 +22,7 @@ from conftest import MINI_CONFIG, ROOT, finish, run_process, started_process
 from psanet.cli import run_cli
 from psanet.core import checkpoint as ckpt
 from psanet.core.config import ComponentBuilder, load_config
+from psanet.core.options import TrainOptions
 from psanet.core.train import train, train_from_config
 from psanet.errors import CheckpointError
 
@@ -227,6 +228,7 @@ import engine_helpers  # noqa: F401  (registers TinySegNet)
 from psanet.core import dist
 from psanet.core.config import ComponentBuilder, load_config
 from psanet.errors import ConfigError
+from psanet.core.options import TrainOptions
 from psanet.core.train import train
 
 out, config, save_dir = sys.argv[1:4]
@@ -234,8 +236,8 @@ paddle.set_device('cpu')
 dist.init_parallel()
 builder = ComponentBuilder(load_config(config))
 try:
-    train(builder.model, builder.dataset('train'), builder.optimizer, builder.losses, iters=2,
-          batch_size=1, save_dir=save_dir, save_interval=2)
+    train(builder.model, builder.dataset('train'), builder.optimizer, builder.losses,
+          TrainOptions(iters=2, batch_size=1, save_dir=save_dir, save_interval=2))
     error = None
 except ConfigError as caught:
     error = str(caught)
@@ -280,8 +282,8 @@ def _first_shape_mismatch(expected, loaded):
 def test_resume_from_another_model_is_refused_before_training(tmp_path, toy_config):
     save_dir = str(tmp_path / 'out')
     model, dataset, optimizer, losses = _components(toy_config, channels=8)
-    train(model, dataset, optimizer, losses, iters=2, batch_size=2, save_dir=save_dir,
-          save_interval=2, seed=0)
+    train(model, dataset, optimizer, losses, TrainOptions(iters=2, batch_size=2, save_dir=save_dir,
+          save_interval=2, seed=0))
     before = _snapshot(save_dir)
     with open(os.path.join(save_dir, 'train.log')) as f:
         log_before = f.read()
@@ -291,8 +293,8 @@ def test_resume_from_another_model_is_refused_before_training(tmp_path, toy_conf
         os.path.join(save_dir, 'iter_2'))[0])
     assert expected is not None
     with pytest.raises(CheckpointError) as info:
-        train(model, dataset, optimizer, losses, iters=4, batch_size=2, save_dir=save_dir,
-              save_interval=2, resume_model=os.path.join(save_dir, 'iter_2'))
+        train(model, dataset, optimizer, losses, TrainOptions(iters=4, batch_size=2,
+              save_dir=save_dir, save_interval=2, resume_model=os.path.join(save_dir, 'iter_2')))
     assert expected in str(info.value), str(info.value)
     for key, value in model.state_dict().items():
         np.testing.assert_array_equal(value.numpy(), weights[key], err_msg=key)

@@ -25,29 +25,28 @@ def str2bool(value):
     raise argparse.ArgumentTypeError(f'expected True or False, got {value!r}')
 
 
+# PaddleSeg's flags after --config and --image_path: (name, type, default, help).
+FLAGS = (
+    ('batch_size', int, 1, 'Images per predictor run.'),
+    ('save_dir', str, './output', 'pseudo_color_prediction/ and added_prediction/ go here.'),
+    ('device', str, 'cpu', 'cpu or gpu.'),
+    ('use_trt', str2bool, False, 'TensorRT subgraphs (GPU).'),
+    ('precision', str, 'fp32', 'fp32, or fp16/int8 with --use_trt True on the GPU.'),
+    ('enable_mkldnn', str2bool, False, 'oneDNN for the CPU convolutions.'),
+    ('cpu_threads', int, 10, 'Math library threads on the CPU.'),
+    ('benchmark', str2bool, False, 'Print preprocess / inference / postprocess ms per image.'),
+    ('model_name', str, '', 'Shown in the --benchmark table (TIPC passes it).'),
+    ('print_detail', str2bool, False, "Keep Paddle Inference's glog output."),
+)
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description='PSANet Paddle Inference (PaddleSeg flags).')
     parser.add_argument('--config', required=True, help='deploy.yaml written by export.py.')
     parser.add_argument('--image_path', required=True,
                         help='An image, a folder of images, or a text file listing images.')
-    parser.add_argument('--batch_size', type=int, default=1, help='Images per predictor run.')
-    parser.add_argument('--save_dir', default='./output',
-                        help='pseudo_color_prediction/ and added_prediction/ go here.')
-    parser.add_argument('--device', default='cpu', help='cpu or gpu.')
-    parser.add_argument('--use_trt', type=str2bool, default=False,
-                        help='TensorRT subgraphs (GPU).')
-    parser.add_argument('--precision', default='fp32',
-                        help='fp32, or fp16/int8 with --use_trt True on the GPU.')
-    parser.add_argument('--enable_mkldnn', type=str2bool, default=False,
-                        help='oneDNN for the CPU convolutions.')
-    parser.add_argument('--cpu_threads', type=int, default=10,
-                        help='Math library threads on the CPU.')
-    parser.add_argument('--benchmark', type=str2bool, default=False,
-                        help='Print preprocess / inference / postprocess ms per image.')
-    parser.add_argument('--model_name', default='',
-                        help='Shown in the --benchmark table (TIPC passes it).')
-    parser.add_argument('--print_detail', type=str2bool, default=False,
-                        help="Keep Paddle Inference's glog output.")
+    for name, type_, default, help_ in FLAGS:
+        parser.add_argument('--' + name, type=type_, default=default, help=help_)
     return parser.parse_args(argv)
 
 

@@ -8,3 +8,5 @@ PaddleSeg's flags and call ``psanet.core.train.train_from_config``,
 components and can be called from Python. Importing this package loads
 none of them.
 """
+# Filters Paddle's "No ccache found" notice before the engine imports paddle (psanet.compat, 1).
+from psanet import compat  # noqa: F401,E402

@@ -1,22 +1,11 @@
 """Checkpoints: atomic writes, pruning, resume state, and weights loading that names mismatches.
 
-Weights in the layout of the PaddlePaddle reproduction's release load as they
-are (converted in memory), or are converted once by :func:`convert_reproduction_file`
-(``tools/convert_checkpoint.py``).
-
-A checkpoint is a folder ``<save_dir>/iter_N/`` (or ``best_model/``) with::
-
-    model.pdparams      the model's state_dict (paddle.save)
-    model.pdopt         the optimizer's state_dict, with its LR scheduler
-    train_state.json    iteration, epoch, seed, LR scheduler state, best mIoU
-
-It is written into a hidden temporary folder next to it and renamed into
-place only when every file is complete, so a crash or an exception while
-saving never leaves an ``iter_N`` that loads wrong, and the previous
-checkpoints stay as they were. Replacing an existing folder (``best_model/``)
-takes two renames; a crash between them leaves the old folder in
-``.<name>.old.tmp-*/previous``, which the next run's
-:func:`remove_stale_temporaries` renames back.
+A checkpoint is a folder ``<save_dir>/iter_N/`` (or ``best_model/``) holding
+``model.pdparams``, ``model.pdopt`` (with the LR scheduler) and
+``train_state.json`` (iteration, epoch, seed, best mIoU), written whole into a
+hidden folder and then renamed into place (docs/reliability.md). The
+reproduction's released weights load as they are (converted in memory) or are
+converted once by :func:`convert_reproduction_file`.
 """
 import json
 import os
@@ -27,7 +16,7 @@ import tempfile
 import numpy as np
 import paddle
 
-from psanet.contract import check_output_file
+from psanet.contract import check_output_file, read_json
 from psanet.core.config import ComponentBuilder, load_config
 from psanet.errors import CheckpointError, few
 from psanet.log import get_logger
@@ -259,12 +248,8 @@ def load_checkpoint(path):
     optimizer_state = _load(os.path.join(path, OPTIMIZER_FILE), 'optimizer state', fix)
     state_path = os.path.join(path, STATE_FILE)
     if os.path.isfile(state_path):
-        try:
-            with open(state_path) as f:
-                state = json.load(f)
-        except (OSError, ValueError) as error:
-            raise CheckpointError(f'training state {state_path} cannot be read ({error}): '
-                                  f'{fix}') from error
+        state = read_json(state_path, lambda reason: CheckpointError(
+            f'training state {state_path} cannot be read ({reason}): {fix}'))
     else:
         match = _ITER_DIR.match(os.path.basename(os.path.normpath(path)))
         if not match:

@@ -1,42 +1,11 @@
-"""Inference on one image: whole image, sliding window, and multi-scale / flip augmentation.
+"""Inference on one image: whole image, sliding windows, scales and flips, as InferenceOptions say.
 
-Models follow paddleseg's convention: ``model(x)`` returns a list of logits
-whose first item is the main prediction at the input size. Results are
-mapped back to the original label size by undoing the shape changes the
-transforms recorded in ``trans_info`` (('resize', [h, w]) / ('padding', [h, w])
-entries, most recent last).
-
-``aug_inference`` combines scales and flips as paddleseg 2.8's
-``paddleseg.core.infer.aug_inference`` does by default (``combine='logits'``:
-the mean of the logits, each flipped back and resized to the input size, then
-the recorded transforms undone); ``combine='softmax'`` averages their softmax
-instead, so that a scale with larger logits does not dominate (the ranking
-of classes the PaddleSeg 2.4 reproduction got by summing them).
-
-Why not ``paddleseg.core.infer`` itself (2.8.0, which imports on Paddle 3.3.1):
-the engine does not use ``paddleseg.core`` at all (its train/evaluate fail
-on Paddle 3, see psanet/compat.py), and its inference differs where it
-matters here:
-
-* ``aug_inference`` there has no softmax combination;
-* ``slide_inference`` there accumulates windows in float64 numpy and returns
-  a float64 tensor (a host copy per window, and no fp16 path); here it stays
-  a Paddle tensor of the model's dtype;
-* ``inference`` there returns ``(pred, logit)`` or ``logit`` depending on
-  ``trans_info``; here always the logits (or probabilities);
-* bad ``trans_info`` entries or ``crop_size``/``stride`` raise errors that
-  name the fix instead of a bare ``Exception`` or a ``RuntimeError`` after
-  inference;
-* before the model runs, the memory PSANet's attention maps will take at each
-  network input size (whole image, each scale, each window) is compared with
-  the memory available, and an input that cannot fit is refused with the
-  crop (or scale) that does (:func:`check_attention_memory`), instead of an
-  allocation failure after minutes of backbone.
-
-``reverse_transform`` (bilinear) and ``flip_combinations`` match paddleseg's
-``reverse_transform(mode='bilinear')`` and ``flip_combination`` on float
-logits; they stay here so that this module does not import
-``paddleseg.core`` (about 9 s, and its training code) for 30 lines.
+Models follow paddleseg's convention: ``model(x)`` returns a list of logits,
+the main one first, at the input size; results are mapped back to the label
+size by undoing the transforms recorded in ``trans_info``. Before a model
+runs, the memory its attention maps will take is checked against the memory
+available (:func:`check_attention_memory`). Why this is not
+``paddleseg.core.infer``: docs/design.md.
 """
 import collections.abc
 import math
@@ -45,11 +14,11 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
-from psanet.errors import ConfigError, InferenceMemoryError
+from psanet.core.options import InferenceOptions, check_slide_args
+from psanet.errors import InferenceMemoryError
 
 __all__ = ['reverse_transform', 'slide_windows', 'slide_inference', 'inference',
-           'aug_inference', 'AUG_COMBINES', 'flip_combinations', 'check_slide_args',
-           'available_memory', 'check_attention_memory']
+           'aug_inference', 'flip_combinations', 'available_memory', 'check_attention_memory']
 
 
 def reverse_transform(logit, trans_info, mode='bilinear'):
@@ -90,22 +59,6 @@ def _main_logit(model, x):
         raise TypeError(f'{type(model).__name__} returned {type(logits).__name__}: a segmentation '
                         'model must return a list of logits, the main one first.')
     return logits[0]
-
-
-def check_slide_args(crop_size, stride):
-    """Validates ``(w, h)`` pairs for sliding-window inference and returns them as int tuples."""
-    pairs = []
-    for name, value in (('crop_size', crop_size), ('stride', stride)):
-        if value is None or len(value) != 2 or any(int(v) <= 0 for v in value):
-            raise ConfigError(f'sliding-window inference needs --{name} as two positive ints '
-                              f'(width height), got {value!r}.')
-        pairs.append((int(value[0]), int(value[1])))
-    (crop_w, crop_h), (stride_w, stride_h) = pairs
-    if stride_w > crop_w or stride_h > crop_h:
-        raise ConfigError(f'--stride {stride_w} {stride_h} is larger than --crop_size {crop_w} '
-                          f'{crop_h}: windows would leave pixels unpredicted; use a stride no '
-                          'larger than the crop.')
-    return pairs[0], pairs[1]
 
 
 def slide_windows(height, width, crop_size, stride):
@@ -155,33 +108,36 @@ def slide_inference(model, image, crop_size, stride):
     return total / paddle.to_tensor(count, dtype=total.dtype)
 
 
-def inference(model, image, trans_info=None, is_slide=False, crop_size=None, stride=None):
-    """Logits of the whole image or of sliding windows, at the original size given ``trans_info``.
+def inference(model, image, trans_info=None, options=None):
+    """Logits of ``image`` at its original size given ``trans_info``, as ``options`` say.
+
+    The whole image or sliding windows; with ``options.aug_eval``, averaged over
+    scales and flips (:func:`aug_inference`).
 
     Args:
         model (paddle.nn.Layer): segmentation model in eval mode.
         image (Tensor): [N, C, H, W] normalised input.
         trans_info (list, optional): one sample's recorded transforms. Default: None.
-        is_slide (bool, optional): sliding-window inference. Default: False.
-        crop_size (tuple, optional): (w, h), needed when is_slide. Default: None.
-        stride (tuple, optional): (w, h), needed when is_slide. Default: None.
+        options (InferenceOptions, optional): Default: the whole image, once.
 
     Returns:
-        Tensor: [N, num_classes, h, w] logits.
+        Tensor: [N, num_classes, h, w] logits (mean probabilities with aug_eval and
+        ``aug_combine='softmax'``).
 
     Raises:
         InferenceMemoryError: before the model runs, when the attention maps of
-            the network input cannot fit in the memory available.
+            the largest network input cannot fit in the memory available.
     """
-    if is_slide:
-        crop_size, stride = check_slide_args(crop_size, stride)
-    check_attention_memory(model, image, is_slide=is_slide, crop_size=crop_size)
-    return _inference(model, image, trans_info, is_slide, crop_size, stride)
+    options = options or InferenceOptions()
+    if options.aug_eval:
+        return aug_inference(model, image, trans_info, options)
+    check_attention_memory(model, image, is_slide=options.is_slide, crop_size=options.crop_size)
+    return _inference(model, image, trans_info, options)
 
 
-def _inference(model, image, trans_info, is_slide, crop_size, stride):
-    if is_slide:
-        logit = slide_inference(model, image, crop_size, stride)
+def _inference(model, image, trans_info, options):
+    if options.is_slide:
+        logit = slide_inference(model, image, options.crop_size, options.stride)
     else:
         logit = _main_logit(model, image)
     if trans_info is not None:
@@ -206,55 +162,37 @@ def _flip(x, horizontal, vertical):
     return paddle.flip(x, axis=axes) if axes else x
 
 
-# How aug_inference combines scales and flips: the mean of the logits (paddleseg 2.8's
-# aug_inference), or the mean of their softmax.
-AUG_COMBINES = ('logits', 'softmax')
-
-
-def aug_inference(model, image, trans_info=None, scales=1.0, flip_horizontal=False,
-                  flip_vertical=False, is_slide=False, crop_size=None, stride=None,
-                  combine='logits'):
-    """Logits (or probabilities) averaged over scales and flips.
+def aug_inference(model, image, trans_info=None, options=None):
+    """Logits (or probabilities) averaged over ``options``' scales and flips.
 
     Each scale resizes the input by ``scale`` (bilinear), each flip is undone
     on the output, and every output is resized back to the input size before
     averaging; then the recorded transforms are undone. With
-    ``combine='logits'`` this is paddleseg 2.8's ``aug_inference``.
+    ``aug_combine='logits'`` this is paddleseg 2.8's ``aug_inference``.
 
     Args:
         model (paddle.nn.Layer): segmentation model in eval mode.
         image (Tensor): [N, C, H, W] normalised input.
         trans_info (list, optional): one sample's recorded transforms. Default: None.
-        scales (float | list, optional): input scales. Default: 1.0.
-        flip_horizontal (bool, optional): add horizontally flipped inputs. Default: False.
-        flip_vertical (bool, optional): add vertically flipped inputs. Default: False.
-        is_slide (bool, optional): sliding windows at each scale. Default: False.
-        crop_size (tuple, optional): (w, h) when is_slide. Default: None.
-        stride (tuple, optional): (w, h) when is_slide. Default: None.
-        combine (str, optional): 'logits' averages the logits (paddleseg 2.8);
-            'softmax' averages their softmax. Default: 'logits'.
+        options (InferenceOptions, optional): scales, flips, windows and
+            ``aug_combine`` ('logits' averages the logits, 'softmax' their softmax);
+            ``aug_eval`` itself is not read. Default: scale 1.0, no flip.
 
     Returns:
         Tensor: [N, num_classes, h, w] mean logits, or mean probabilities with
-        ``combine='softmax'``.
+        ``aug_combine='softmax'``.
 
     Raises:
         InferenceMemoryError: before the model runs, when the attention maps of
             the largest network input (scale, or window) cannot fit in the
             memory available.
     """
-    if combine not in AUG_COMBINES:
-        raise ConfigError(f'--aug_combine must be one of {AUG_COMBINES}, got {combine!r}.')
-    if isinstance(scales, (int, float)):
-        scales = [scales]
-    scales = [float(s) for s in scales]
-    if not scales or any(s <= 0 for s in scales):
-        raise ConfigError(f'--scales must be positive numbers, got {scales}.')
-    if is_slide:
-        crop_size, stride = check_slide_args(crop_size, stride)
-    check_attention_memory(model, image, scales=scales, is_slide=is_slide, crop_size=crop_size)
+    options = options or InferenceOptions()
+    scales = list(options.scales)
+    check_attention_memory(model, image, scales=scales, is_slide=options.is_slide,
+                           crop_size=options.crop_size)
     height, width = int(image.shape[-2]), int(image.shape[-1])
-    combos = flip_combinations(flip_horizontal, flip_vertical)
+    combos = flip_combinations(options.flip_horizontal, options.flip_vertical)
     total = None
     for scale in scales:
         size = list(_scaled_size(height, width, scale))
@@ -262,9 +200,8 @@ def aug_inference(model, image, trans_info=None, scales=1.0, flip_horizontal=Fal
         scaled = image if size == [height, width] else F.interpolate(
             image, size, mode='bilinear', align_corners=False)
         for horizontal, vertical in combos:
-            score = _inference(model, _flip(scaled, horizontal, vertical), None, is_slide,
-                               crop_size, stride)
-            if combine == 'softmax':
+            score = _inference(model, _flip(scaled, horizontal, vertical), None, options)
+            if options.aug_combine == 'softmax':
                 score = F.softmax(score, axis=1)
             score = _flip(score, horizontal, vertical)
             if list(score.shape[-2:]) != [height, width]:

@@ -1,18 +1,10 @@
 """Data loading for the engine: reproducible samples, per-epoch shuffles, exact eval splits.
 
-* :class:`SampleReader` wraps a paddleseg dataset. It seeds Python's and
-  numpy's RNGs from (seed, epoch, index) before each sample's transforms, so
-  augmentation does not depend on worker count, prefetching or where a run
-  was resumed. It also checks label values (label_values_error, the check
-  validate_dataset runs before training), and turns a sample that fails to
-  load into an error record: an exception raised inside Paddle's loader
-  thread hangs a ``num_workers=0`` DataLoader on Paddle 3.3 instead of
-  reaching the training loop.
-* :class:`TrainBatchSampler` is ``DistributedBatchSampler`` (shuffle, drop
-  last) whose order depends on the seed as well as the epoch, and that can
-  start an epoch at a given batch, for resuming mid-epoch.
-* :class:`EvalBatchSampler` gives rank r the samples r, r + world, ... and
-  no padding, so summed areas count every image exactly once.
+:class:`SampleReader` seeds each sample's augmentation from (seed, epoch, index)
+and turns a sample that fails to load into an error record;
+:class:`TrainBatchSampler` shuffles per (seed, epoch) and can start an epoch
+mid-way; :class:`EvalBatchSampler` splits images over ranks without padding.
+Why each: docs/design.md.
 """
 import os
 import random

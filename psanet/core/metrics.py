@@ -8,9 +8,14 @@ import numpy as np
 import paddle
 from paddleseg.utils import metrics as seg_metrics
 
-import psanet.compat  # noqa: F401  (calculate_area needs its fix)
+from psanet import compat
 
-__all__ = ['class_areas', 'summarize']
+# paddleseg's calculate_area, or its fixed copy where this paddleseg needs it (compat, 9),
+# whether or not the fixes were applied to paddleseg itself.
+_calculate_area = (compat.calculate_area if compat.PADDLESEG_CALCULATE_AREA.needed()
+                   else seg_metrics.calculate_area)
+
+__all__ = ['class_areas', 'confusion_matrix', 'summarize']
 
 
 def class_areas(pred, label, num_classes, ignore_index=255):
@@ -25,8 +30,37 @@ def class_areas(pred, label, num_classes, ignore_index=255):
     Returns:
         np.ndarray: int64 [3, num_classes]: intersection, prediction, label areas.
     """
-    areas = seg_metrics.calculate_area(pred, label, num_classes, ignore_index=ignore_index)
+    areas = _calculate_area(pred, label, num_classes, ignore_index=ignore_index)
     return np.stack([a.numpy() for a in areas]).astype('int64')
+
+
+def confusion_matrix(pred, label, num_classes, ignore_index=255):
+    """Pixel counts of each (ground truth, prediction) pair of classes.
+
+    The areas of :func:`class_areas` are its diagonal (intersection), column
+    sums (prediction) and row sums (label) wherever labels are ``ignore_index``
+    or a class id, as ``validate_dataset`` makes them before evaluation.
+
+    Args:
+        pred (Tensor | np.ndarray): predicted class ids, any shape.
+        label (Tensor | np.ndarray): ground truth with as many pixels.
+        num_classes (int): number of classes C.
+        ignore_index (int, optional): label value counted nowhere. Default: 255.
+
+    Returns:
+        np.ndarray: int64 [C, C], rows = ground truth, columns = prediction; pixels
+        whose label is ``ignore_index`` or whose label or prediction is not in
+        0..C-1 are left out.
+    """
+    pred, label = (np.asarray(a.numpy() if isinstance(a, paddle.Tensor) else a).astype('int64')
+                   .ravel() for a in (pred, label))
+    if pred.size != label.size:
+        raise ValueError(f'confusion_matrix: pred has {pred.size} pixels but label has '
+                         f'{label.size}.')
+    valid = ((label != ignore_index) & (label >= 0) & (label < num_classes) &
+             (pred >= 0) & (pred < num_classes))
+    counts = np.bincount(label[valid] * num_classes + pred[valid], minlength=num_classes ** 2)
+    return counts.reshape(num_classes, num_classes).astype('int64')
 
 
 def summarize(areas):

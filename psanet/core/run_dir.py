@@ -1,23 +1,10 @@
 """A save_dir belongs to one training run: who may write there, a lock while it does, and its end.
 
-:func:`own_save_dir` wraps a training run:
-
-* it refuses a save_dir that holds another run's checkpoints (``iter_N``,
-  ``best_model``), which a new run would partly overwrite, partly keep, and
-  prune by iteration number across both runs. Resuming from the latest
-  checkpoint of the folder continues its run; ``overwrite`` deletes the
-  checkpoints in the way, after saying so, but only once the run has loaded
-  what it resumes from (:func:`clear_overwritten`): a checkpoint that does not
-  load, or a config that does not fit it, deletes nothing;
-* it locks the folder (``flock`` on ``.train.lock``, which names the holder)
-  while the run writes, so that a second run started at once stops, naming the
-  first one's pid;
-* when the run ends, however it ends, it deletes the hidden temporaries of an
-  interrupted save; Ctrl-C and SIGTERM become one
-  :class:`~psanet.errors.Interrupted` line naming the checkpoint to resume from.
-
-Only rank 0 writes, so only rank 0 checks and locks; the other ranks learn the
-outcome from one all-reduce, so that all stop together.
+:func:`own_save_dir` refuses another run's checkpoints (or, with ``overwrite``,
+deletes them once the resumed checkpoint has loaded: :func:`clear_overwritten`),
+locks the folder while the run writes, and at the end, however it ends, removes
+the temporaries of an interrupted save. Only rank 0 checks and locks; the other
+ranks learn the outcome from one all-reduce. Why: docs/design.md.
 """
 import contextlib
 import errno

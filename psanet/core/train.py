@@ -1,26 +1,10 @@
 """Training loop: logging, evaluation, atomic checkpoints, exact resume, multi-process and fp16.
 
-What it adds to paddleseg 2.8.0's ``core.train`` (which fails on Paddle 3):
-
-* the logged loss (every term and the total) is the mean over all ranks,
-  not rank 0's;
-* every epoch reshuffles (``DistributedBatchSampler.set_epoch``, mixed
-  with the seed), augmentation is seeded per (seed, epoch, sample) and
-  Dropout per (seed, iteration, rank), so ``--resume_model`` continues with
-  the losses an uninterrupted run has; all ranks use rank 0's seed;
-* at each checkpoint the BatchNorm statistics (per process on CPU) are
-  copied from rank 0 before evaluating and saving, so the evaluated and
-  the saved model are rank 0's;
-* checkpoints are written atomically, with a ``train_state.json``;
-* a save_dir holds one run: another run's checkpoints there are refused (or
-  deleted with ``overwrite``), a second run at once is refused by a lock, and
-  Ctrl-C or SIGTERM ends with the checkpoint to resume from
-  (:mod:`psanet.core.run_dir`); resuming checks the checkpoint fits the model;
-* a NaN or Inf loss stops training with an error naming the iteration and
-  the last good checkpoint;
-* SyncBatchNorm only on more than one GPU (``sync_bn: false`` in the config
-  turns it off), said in one log line.
+:func:`train` runs built components with one :class:`~psanet.core.options.TrainOptions`;
+:func:`train_from_config` is train.py's work. What it adds to paddleseg 2.8.0's
+``core.train``: docs/design.md.
 """
+import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
@@ -35,9 +19,11 @@ from psanet.core import dist, run_dir
 from psanet.core.config import ComponentBuilder, load_config
 from psanet.core.loader import build_train_loader, raise_if_error
 from psanet.core.runtime import amp_enabled, autocast, on_gpu, set_device, to_plain_batchnorm
-from psanet.core.val import evaluate, merge_test_config
+from psanet.core.options import InferenceOptions, TrainOptions
+from psanet.core.val import evaluate
 from psanet.errors import ConfigError, TrainingError
 from psanet.log import get_logger, log_file, setup_logging
+from psanet.visualize import class_names, log_evaluation_figures
 
 __all__ = ['train', 'train_from_config', 'loss_terms', 'iteration_seed']
 
@@ -218,30 +204,21 @@ class _RunState:
 
 @dataclass
 class _Run:
-    """What stays fixed through a run: the model and its optimizer, the data, the schedule."""
+    """What stays fixed through a run: the model and its optimizer, the data, the options."""
     model: paddle.nn.Layer
     runner: paddle.nn.Layer  # the model, in paddle.DataParallel on more than one process
     optimizer: paddle.optimizer.Optimizer
     scheduler: Optional[paddle.optimizer.lr.LRScheduler]
     scaler: Optional[paddle.amp.GradScaler]
     losses: dict
-    precision: str
-    amp_level: str
     loader: paddle.io.DataLoader
     sampler: paddle.io.DistributedBatchSampler
     reader: paddle.io.Dataset
     iters_per_epoch: int
     num_images: int
-    iters: int
-    batch_size: int
     world_size: int
-    save_dir: str
-    save_interval: int
-    log_iters: int
-    keep_checkpoint_max: int
     val_dataset: Optional[paddle.io.Dataset]
-    num_workers: int
-    test_config: dict
+    options: TrainOptions
     writer: object
     logger: object
     main: bool
@@ -254,44 +231,20 @@ class _Step(NamedTuple):
     lr: float
 
 
-def train(model, train_dataset, optimizer, losses, iters, batch_size, val_dataset=None,
-          save_dir='output', save_interval=1000, log_iters=10, keep_checkpoint_max=5,
-          num_workers=0, use_vdl=False, resume_model=None, seed=None, precision='fp32',
-          amp_level='O1', test_config=None, sync_bn=True, overwrite=False, logger=None,
-          recipe_batch_size=None):
-    """Trains ``model`` for ``iters`` iterations.
+def train(model, train_dataset, optimizer, losses, options, val_dataset=None, logger=None):
+    """Trains ``model`` for ``options.iters`` iterations.
 
     Args:
         model (paddle.nn.Layer): the model; ``optimizer`` must hold its parameters.
         train_dataset (paddle.io.Dataset): a paddleseg dataset in 'train' mode.
         optimizer (paddle.optimizer.Optimizer): with an LR scheduler as learning rate.
         losses (dict): ``{'types': [...], 'coef': [...]}``, one type per logit.
-        iters (int): the total number of iterations.
-        batch_size (int): images per process and iteration.
+        options (TrainOptions): iters, batch_size, save_dir, intervals, seed, precision, ...
         val_dataset (paddle.io.Dataset, optional): evaluated every save_interval
-            (mIoU and validation loss); the best model goes to best_model/. Default: None.
-        save_dir (str, optional): checkpoints, train.log and VisualDL logs. Default: 'output'.
-        save_interval (int, optional): iterations between checkpoints (and evaluations).
-            Default: 1000.
-        log_iters (int, optional): iterations between log lines. Default: 10.
-        keep_checkpoint_max (int, optional): iter_N folders kept (0: all). Default: 5.
-        num_workers (int, optional): DataLoader workers per process. Default: 0.
-        use_vdl (bool, optional): write VisualDL scalars to save_dir. Default: False.
-        resume_model (str, optional): an iter_N folder to continue from. Default: None.
-        seed (int, optional): base seed of augmentation and Dropout; None draws one
-            (a resumed run takes the checkpoint's). Default: None.
-        precision (str, optional): 'fp32', or 'fp16' (autocast + GradScaler, GPU only).
-            Default: 'fp32'.
-        amp_level (str, optional): 'O1' or 'O2'. Default: 'O1'.
-        test_config (dict, optional): inference options for the evaluations. Default: None.
-        sync_bn (bool, optional): SyncBatchNorm when training on more than one GPU. Default: True.
-        overwrite (bool, optional): delete the checkpoints of another run in save_dir (or,
-            resuming, those after resume_model) instead of refusing it. Default: False.
+            (mIoU and validation loss) as ``options.evaluation`` says; the best model
+            goes to best_model/. Default: None.
         logger (logging.Logger, optional): Default: the 'psanet' logger, also writing
             <save_dir>/train.log.
-        recipe_batch_size (int, optional): images per step of the config's recipe (its
-            batch_size on one card); with more than one process the start-of-training log
-            line says which batch_size gives it. Default: None.
 
     Returns:
         dict: ``losses`` (the global mean total loss of every iteration run here),
@@ -306,80 +259,70 @@ def train(model, train_dataset, optimizer, losses, iters, batch_size, val_datase
         Interrupted: on Ctrl-C, or SIGTERM within ``psanet.interrupts.signals_raise`` (as under
             ``run_cli``), naming the checkpoint to resume from.
     """
+    options.check_schedule()
     if logger is None:
         setup_logging(dist.is_main_process())
-    with run_dir.own_save_dir(save_dir, resume_model, overwrite, logger), \
-            log_file(os.path.join(save_dir, 'train.log'), dist.is_main_process()):
-        return _train(model, train_dataset, optimizer, losses, iters, batch_size, val_dataset,
-                      save_dir, save_interval, log_iters, keep_checkpoint_max, num_workers,
-                      use_vdl, resume_model, seed, precision, amp_level, test_config, sync_bn,
-                      logger, recipe_batch_size)
+    with run_dir.own_save_dir(options.save_dir, options.resume_model, options.overwrite, logger), \
+            log_file(os.path.join(options.save_dir, 'train.log'), dist.is_main_process()):
+        return _train(model, train_dataset, optimizer, losses, options, val_dataset, logger)
 
 
-def _train(model, train_dataset, optimizer, losses, iters, batch_size, val_dataset, save_dir,
-           save_interval, log_iters, keep_checkpoint_max, num_workers, use_vdl, resume_model,
-           seed, precision, amp_level, test_config, sync_bn, logger, recipe_batch_size):
+def _train(model, train_dataset, optimizer, losses, options, val_dataset, logger):
     """:func:`train` in a save_dir that this run owns."""
     main = dist.is_main_process()
     world_size = dist.world_size()
     logger = logger or get_logger()
-    _check_positive(iters=iters, batch_size=batch_size, save_interval=save_interval,
-                    log_iters=log_iters)
-    _check_not_negative(num_workers=(num_workers, 'load in the main process'),
-                        keep_checkpoint_max=(keep_checkpoint_max, 'keep every checkpoint'))
-    if use_vdl and main:
+    if options.use_vdl and main:
         _check_visualdl()
     scheduler = _lr_scheduler(optimizer)
-    test_config = merge_test_config(test_config or {})
-    state, saved = _resume(resume_model, model, optimizer, scheduler, iters, seed, logger)
+    state, saved = _resume(options, model, optimizer, scheduler, logger)
     # Only now that the checkpoint has loaded and fits: what --overwrite deletes.
-    run_dir.clear_overwritten(save_dir)
-    _forget_best_elsewhere(state, save_dir, logger)
+    run_dir.clear_overwritten(options.save_dir)
+    _forget_best_elsewhere(state, options.save_dir, logger)
     if state.seed is None:
         state.seed = _draw_seed(main)
     logger.info(f'Seed: {state.seed}')
 
-    model = _batchnorm_setup(model, sync_bn, world_size, logger)
-    model, optimizer, scaler = _mixed_precision_setup(model, optimizer, precision, amp_level,
-                                                      saved, logger)
+    model = _batchnorm_setup(model, options.sync_bn, world_size, logger)
+    model, optimizer, scaler = _mixed_precision_setup(model, optimizer, options, saved, logger)
     runner = paddle.DataParallel(model) if world_size > 1 else model
-    loader, sampler, reader = build_train_loader(train_dataset, batch_size, state.seed,
-                                                 num_workers)
-    for change in _resume_changes(saved, batch_size, world_size, len(sampler),
+    loader, sampler, reader = build_train_loader(train_dataset, options.batch_size, state.seed,
+                                                 options.num_workers)
+    for change in _resume_changes(saved, options.batch_size, world_size, len(sampler),
                                   len(train_dataset)):
-        logger.warning(f'resuming from {resume_model} {change}: the data order differs from an '
-                       'uninterrupted run.')
+        logger.warning(f'resuming from {options.resume_model} {change}: the data order differs '
+                       'from an uninterrupted run.')
     run = _Run(model=model, runner=runner, optimizer=optimizer, scheduler=scheduler,
-               scaler=scaler, losses=losses, precision=precision, amp_level=amp_level,
-               loader=loader, sampler=sampler, reader=reader, iters_per_epoch=len(sampler),
-               num_images=len(train_dataset), iters=iters, batch_size=batch_size,
-               world_size=world_size, save_dir=save_dir, save_interval=save_interval,
-               log_iters=log_iters, keep_checkpoint_max=keep_checkpoint_max,
-               val_dataset=val_dataset, num_workers=num_workers, test_config=test_config,
-               writer=_visualdl_writer(save_dir) if use_vdl and main else None, logger=logger,
-               main=main)
+               scaler=scaler, losses=losses, loader=loader, sampler=sampler, reader=reader,
+               iters_per_epoch=len(sampler), num_images=len(train_dataset),
+               world_size=world_size, val_dataset=val_dataset, options=options,
+               writer=_visualdl_writer(options.save_dir) if options.use_vdl and main else None,
+               logger=logger, main=main)
 
     model.train()
-    images_per_step = format_batch_size(batch_size, world_size, recipe_batch_size,
+    images_per_step = format_batch_size(options.batch_size, world_size,
+                                        options.recipe_batch_size,
                                         unit='card' if on_gpu() else 'process')
-    logger.info(f'Training {iters} iterations from {state.start_iter}: {len(train_dataset)} '
-                f'images, {run.iters_per_epoch} iterations per epoch, {images_per_step}.')
+    logger.info(f'Training {options.iters} iterations from {state.start_iter}: '
+                f'{len(train_dataset)} images, {run.iters_per_epoch} iterations per epoch, '
+                f'{images_per_step}.')
     _train_loop(run, state)
     if run.writer is not None:
         run.writer.close()
-    logger.info(f'Training done: {state.iteration} iterations, checkpoints in {save_dir}.')
+    logger.info(f'Training done: {state.iteration} iterations, checkpoints in '
+                f'{options.save_dir}.')
     return state.result()
 
 
 def _train_loop(run, state):
-    """The iterations from ``state.iteration`` to ``run.iters``.
+    """The iterations from ``state.iteration`` to ``run.options.iters``.
 
     Each is a step; every log_iters (and the last) ends with a log line, every
     save_interval (and the last) with an evaluation and a checkpoint.
     """
     averager = _Averager()
     batch_start = time.time()
-    while state.iteration < run.iters:
+    while state.iteration < run.options.iters:
         epoch = state.iteration // run.iters_per_epoch
         run.sampler.set_epoch(epoch, start_batch=state.iteration % run.iters_per_epoch)
         run.reader.set_epoch(epoch)
@@ -392,32 +335,19 @@ def _train_loop(run, state):
             step = _train_step(run, state, data, epoch)
             state.record(step)
             averager.add(step.terms, time.time() - batch_start, reader_cost,
-                         run.batch_size * run.world_size)
-            if state.iteration % run.log_iters == 0 or state.iteration == run.iters:
+                         run.options.batch_size * run.world_size)
+            if state.iteration % run.options.log_iters == 0 or state.iteration == run.options.iters:
                 _log_interval(run, state.iteration, averager, step.lr)
-            if state.iteration % run.save_interval == 0 or state.iteration == run.iters:
+            if state.iteration % run.options.save_interval == 0 or state.iteration == run.options.iters:
                 _evaluate_and_checkpoint(run, state)
             interrupts.raise_if_interrupted()
             batch_start = time.time()
-            if state.iteration >= run.iters:
+            if state.iteration >= run.options.iters:
                 break
         if state.iteration == epoch_start_iteration:
             # Guards the while loop against spinning on a loader that yields nothing.
             raise RuntimeError(f'the data loader gave no batch in epoch {epoch + 1}; see the '
                                'messages above for the failing worker.')
-
-
-def _check_positive(**values):
-    for name, value in values.items():
-        if not isinstance(value, int) or value <= 0:
-            raise ConfigError(f'--{name} must be a positive integer, got {value!r}.')
-
-
-def _check_not_negative(**values):
-    for name, (value, zero) in values.items():
-        if not isinstance(value, int) or value < 0:
-            raise ConfigError(f'--{name} must be 0 ({zero}) or a positive integer, got '
-                              f'{value!r}.')
 
 
 def _forget_best_elsewhere(state, save_dir, logger):
@@ -431,13 +361,15 @@ def _forget_best_elsewhere(state, save_dir, logger):
     state.best_miou, state.best_iter = -1.0, -1
 
 
-def _resume(resume_model, model, optimizer, scheduler, iters, seed, logger):
-    """Loads ``resume_model`` (None: none) into the model, the optimizer and the scheduler.
+def _resume(options, model, optimizer, scheduler, logger):
+    """Loads ``options.resume_model`` (None: none) into the model, the optimizer and the
+    scheduler.
 
     Returns:
         tuple: the :class:`_RunState` to start from, its seed the checkpoint's (else
-        ``seed``), and the checkpoint's train_state ({} without resume_model).
+        ``options.seed``), and the checkpoint's train_state ({} without resume_model).
     """
+    resume_model, iters, seed = options.resume_model, options.iters, options.seed
     if resume_model is None:
         return _RunState(seed=seed), {}
     model_state, optimizer_state, saved = ckpt.load_checkpoint(resume_model)
@@ -473,8 +405,9 @@ def _draw_seed(main):
     return int(dist.all_reduce_sum([drawn])[0])
 
 
-def _mixed_precision_setup(model, optimizer, precision, amp_level, saved, logger):
+def _mixed_precision_setup(model, optimizer, options, saved, logger):
     """(model, optimizer, GradScaler or None); the scaler's state from ``saved`` when resuming."""
+    precision, amp_level = options.precision, options.amp_level
     use_amp = amp_enabled(precision)
     if precision == 'fp16' and not use_amp:
         logger.warning('--precision fp16 is ignored on CPU (no fp16 kernels): training in fp32.')
@@ -514,14 +447,14 @@ def _train_step(run, state, data, epoch):
             stepped then.
     """
     paddle.seed(iteration_seed(state.seed, state.iteration, dist.rank()))
-    with autocast(run.precision, run.amp_level):
+    with autocast(run.options.precision, run.options.amp_level):
         logits = run.runner(data['img'])
         terms = loss_terms(logits, data['label'], run.losses)
         loss = paddle.add_n(terms) if len(terms) > 1 else terms[0]
     local_terms = paddle.stack([t.detach().astype('float32') for t in terms]).numpy()
     mean_terms = dist.all_reduce_sum(local_terms) / run.world_size
     if not np.all(np.isfinite(mean_terms)):
-        raise _not_finite_error(mean_terms, state, epoch, run.save_interval)
+        raise _not_finite_error(mean_terms, state, epoch, run.options.save_interval)
     if run.scaler is not None:
         run.scaler.scale(loss).backward()
         run.scaler.step(run.optimizer)
@@ -557,9 +490,9 @@ def _log_interval(run, iteration, averager, lr):
         if len(mean_terms) > 1 else ''
     run.logger.info(
         f'[TRAIN] epoch: {(iteration - 1) // run.iters_per_epoch + 1}, iter: '
-        f'{iteration}/{run.iters}, loss: {mean_terms.sum():.4f}{term_text}, lr: {lr:.6f}, '
+        f'{iteration}/{run.options.iters}, loss: {mean_terms.sum():.4f}{term_text}, lr: {lr:.6f}, '
         f'batch_cost: {batch_cost:.4f}, reader_cost: {reader_cost:.5f}, ips: '
-        f'{ips:.4f} samples/sec | ETA {_format_eta((run.iters - iteration) * batch_cost)}')
+        f'{ips:.4f} samples/sec | ETA {_format_eta((run.options.iters - iteration) * batch_cost)}')
     if run.writer is not None:
         run.writer.add_scalar('Train/loss', float(mean_terms.sum()), iteration)
         if len(mean_terms) > 1:
@@ -579,25 +512,24 @@ def _evaluate_and_checkpoint(run, state):
     if run.val_dataset is not None:
         _evaluate(run, state)
     checkpoint_state = _checkpoint_state(run, state)
-    path = os.path.join(run.save_dir, f'iter_{state.iteration}')
+    path = os.path.join(run.options.save_dir, f'iter_{state.iteration}')
     if run.main:
         ckpt.save_checkpoint(path, run.model, run.optimizer, checkpoint_state)
-        ckpt.prune_checkpoints(run.save_dir, run.keep_checkpoint_max)
+        ckpt.prune_checkpoints(run.options.save_dir, run.options.keep_checkpoint_max)
         run.logger.info(f'Saved checkpoint {path}')
     state.last_checkpoint = path
 
 
 def _evaluate(run, state):
     """Evaluates; a better mIoU than the best goes to best_model/."""
-    result = evaluate(run.model, run.val_dataset, num_workers=run.num_workers, losses=run.losses,
-                      precision=run.precision, amp_level=run.amp_level, logger=run.logger,
-                      **run.test_config)
+    result = evaluate(run.model, run.val_dataset, run.options.evaluation,
+                      num_workers=run.options.num_workers, losses=run.losses, logger=run.logger)
     state.evals.append((state.iteration, result))
     run.model.train()
     if result['miou'] > state.best_miou:
         state.best_miou, state.best_iter = result['miou'], state.iteration
         if run.main:
-            ckpt.save_checkpoint(os.path.join(run.save_dir, run_dir.BEST_MODEL), run.model,
+            ckpt.save_checkpoint(os.path.join(run.options.save_dir, run_dir.BEST_MODEL), run.model,
                                  state={'iteration': state.iteration, 'miou': state.best_miou})
     run.logger.info(f'[EVAL] The model with the best validation mIoU '
                     f'({state.best_miou:.4f}) was saved at iter {state.best_iter}.')
@@ -606,6 +538,9 @@ def _evaluate(run, state):
         run.writer.add_scalar('Evaluate/Acc', result['acc'], state.iteration)
         if result['loss'] is not None:
             run.writer.add_scalar('Evaluate/loss', result['loss'], state.iteration)
+        log_evaluation_figures(run.writer, result,
+                               class_names(run.val_dataset.num_classes, run.val_dataset),
+                               state.iteration)
 
 
 def _checkpoint_state(run, state):
@@ -613,7 +548,7 @@ def _checkpoint_state(run, state):
     checkpoint_state = {
         'iteration': state.iteration, 'epoch': state.iteration // run.iters_per_epoch,
         'iters_per_epoch': run.iters_per_epoch, 'seed': state.seed,
-        'batch_size': run.batch_size, 'world_size': run.world_size,
+        'batch_size': run.options.batch_size, 'world_size': run.world_size,
         'num_images': run.num_images, 'best_miou': state.best_miou,
         'best_iter': state.best_iter,
         'lr_scheduler': run.scheduler.state_dict() if run.scheduler is not None else None,
@@ -624,43 +559,50 @@ def _checkpoint_state(run, state):
     return checkpoint_state
 
 
-def train_from_config(config, device=None, save_dir='output', iters=None, batch_size=None,
-                      learning_rate=None, save_interval=1000, log_iters=10, keep_checkpoint_max=5,
-                      num_workers=0, do_eval=False, use_vdl=False, resume_model=None, seed=None,
-                      precision='fp32', amp_level='O1', overwrite=False, opts=None):
+def train_from_config(config, device=None, learning_rate=None, do_eval=False, opts=None,
+                      **flags):
     """train.py: builds everything from ``config`` and calls :func:`train`.
 
-    The flags are PaddleSeg's train.py flags, and ``overwrite``; ``iters``,
-    ``batch_size`` and ``learning_rate`` override the config when given.
+    Args:
+        config (str): the config file.
+        device (str, optional): 'cpu' or 'gpu'; None: the GPU when Paddle sees one.
+        learning_rate (float, optional): overrides lr_scheduler.learning_rate. Default: None.
+        do_eval (bool, optional): evaluate every save_interval, keep best_model/.
+            Default: False.
+        opts (list, optional): ``key=value`` config overrides. Default: None.
+        **flags: train.py's other flags, the fields of :class:`TrainOptions`
+            (``iters`` and ``batch_size`` override the config when given).
 
     Returns:
         dict: the result of :func:`train`.
     """
+    options = TrainOptions(**flags)  # checked before anything is built or written
     set_device(device)
     dist.init_parallel()
-    cfg = load_config(config, learning_rate=learning_rate, batch_size=batch_size, iters=iters,
-                      opts=opts)
+    cfg = load_config(config, learning_rate=learning_rate, batch_size=options.batch_size,
+                      iters=options.iters, opts=opts)
+    options = dataclasses.replace(
+        options, iters=cfg.iters, batch_size=cfg.batch_size,
+        sync_bn=bool(cfg.dic.get('sync_bn', True)), recipe_batch_size=_recipe_batch_size(config),
+        evaluation=InferenceOptions.from_flags({}, cfg.dic.get('test_config')))
     # Owned before train.log is opened: a refused run writes nothing into the folder.
-    with run_dir.own_save_dir(save_dir, resume_model, overwrite, get_logger()):
-        if seed is not None:
-            paddle.seed(seed)
-            np.random.seed(seed % 2**32)
+    with run_dir.own_save_dir(options.save_dir, options.resume_model, options.overwrite,
+                              get_logger()):
+        if options.seed is not None:
+            paddle.seed(options.seed)
+            np.random.seed(options.seed % 2**32)
         builder = ComponentBuilder(cfg)
         train_dataset = builder.dataset('train')
         val_dataset = builder.dataset('val') if do_eval else None
         model = builder.model
         losses = builder.losses
         optimizer = builder.optimizer
-        with log_file(os.path.join(save_dir, 'train.log'), dist.is_main_process()):
+        with log_file(os.path.join(options.save_dir, 'train.log'), dist.is_main_process()):
             get_logger().info(f'Config {config}; Paddle {paddle.__version__}, device '
                               f'{paddle.get_device()}, {dist.world_size()} process(es).')
             # The folder is owned and train.log open already: train()'s body, not train().
             setup_logging(dist.is_main_process())
-            return _train(model, train_dataset, optimizer, losses, cfg.iters, cfg.batch_size,
-                          val_dataset, save_dir, save_interval, log_iters, keep_checkpoint_max,
-                          num_workers, use_vdl, resume_model, seed, precision, amp_level,
-                          builder.test_config, bool(cfg.dic.get('sync_bn', True)), None,
-                          _recipe_batch_size(config))
+            return _train(model, train_dataset, optimizer, losses, options, val_dataset, None)
 
 
 def _recipe_batch_size(config):

@@ -8,7 +8,6 @@ named ``<city>_<seq>_<frame>_labelIds.png`` for the official evaluator
 (``CITYSCAPES_RESULTS=<save_dir> csEvalPixelLevelSemanticLabeling``), or the
 raw class ids for other datasets.
 """
-import math
 import os
 import time
 
@@ -24,15 +23,16 @@ from psanet.core import dist, inference
 from psanet.core.checkpoint import load_model_weights, resolve_weights_path
 from psanet.core.config import ComponentBuilder, load_config
 from psanet.core.loader import build_eval_loader, raise_if_error, sample_paths
-from psanet.core.metrics import class_areas, summarize
+from psanet.core.metrics import class_areas, confusion_matrix, summarize
+from psanet.core.options import InferenceOptions
 from psanet.core.runtime import autocast, progress_bar, set_device
 from psanet.data.prepare_cityscapes import train_ids_to_label_ids
 from psanet.data.validate import IMAGE_SUFFIX
 from psanet.errors import ConfigError
 from psanet.log import get_logger
+from psanet.visualize import class_names, write_evaluation_figures
 
-__all__ = ['evaluate', 'evaluate_from_config', 'merge_test_config', 'check_inference_flags',
-           'prediction_file_name', 'format_report']
+__all__ = ['evaluate', 'evaluate_from_config', 'prediction_file_name', 'format_report']
 
 # The Cityscapes image name without its extension, e.g. '_leftImg8bit'.
 IMAGE_STEM_SUFFIX = os.path.splitext(IMAGE_SUFFIX)[0]
@@ -85,27 +85,15 @@ def format_report(result):
     return lines
 
 
-def evaluate(model, dataset, aug_eval=False, scales=1.0, flip_horizontal=False, flip_vertical=False,
-             is_slide=False, crop_size=None, stride=None, aug_combine='logits', precision='fp32',
-             amp_level='O1', num_workers=0, losses=None, save_dir=None, print_detail=True,
-             logger=None):
+def evaluate(model, dataset, options=None, num_workers=0, losses=None, save_dir=None,
+             print_detail=True, logger=None):
     """Evaluates ``model`` on ``dataset`` (this rank's share; areas summed over ranks).
 
     Args:
         model (paddle.nn.Layer): the model (not a DataParallel wrapper).
         dataset (paddle.io.Dataset): a paddleseg dataset in 'val' mode.
-        aug_eval (bool, optional): average over ``scales`` and flips
-            (:func:`psanet.core.inference.aug_inference`). Default: False.
-        scales (float | list, optional): scales for aug_eval. Default: 1.0.
-        flip_horizontal (bool, optional): horizontal flips for aug_eval. Default: False.
-        flip_vertical (bool, optional): vertical flips for aug_eval. Default: False.
-        is_slide (bool, optional): sliding-window inference. Default: False.
-        crop_size (tuple, optional): (w, h) window when is_slide. Default: None.
-        stride (tuple, optional): (w, h) step when is_slide. Default: None.
-        aug_combine (str, optional): with aug_eval, average the 'logits' (paddleseg
-            2.8's aug_inference) or their 'softmax'. Default: 'logits'.
-        precision (str, optional): 'fp32' or 'fp16' (GPU only). Default: 'fp32'.
-        amp_level (str, optional): 'O1' or 'O2'. Default: 'O1'.
+        options (InferenceOptions, optional): how each image is inferred (windows,
+            scales and flips, precision). Default: the whole image, fp32.
         num_workers (int, optional): DataLoader workers. Default: 0.
         losses (dict, optional): the training losses; when given (and not
             aug_eval) the validation loss of the main logit (its coef times its
@@ -118,18 +106,20 @@ def evaluate(model, dataset, aug_eval=False, scales=1.0, flip_horizontal=False, 
     Returns:
         dict: ``num_images``, ``miou``, ``acc``, ``kappa``, ``mdice``, ``class_iou``,
         ``class_precision``, ``class_recall``, ``class_dice``, ``areas`` ([3, C]
-        summed over ranks) and ``loss`` (None unless computed).
+        summed over ranks), ``confusion_matrix`` ([C, C] pixel counts, rows the
+        ground truth, columns the prediction, summed over ranks) and ``loss``
+        (None unless computed).
     """
     logger = logger or get_logger()
-    if is_slide:
-        crop_size, stride = inference.check_slide_args(crop_size, stride)
+    options = options or InferenceOptions()
     was_training = model.training
     model.eval()
     loader, sampler = build_eval_loader(dataset, num_workers=num_workers)
     num_classes, ignore_index = dataset.num_classes, dataset.ignore_index
     areas = np.zeros([3, num_classes], dtype='int64')
+    confusion = np.zeros([num_classes, num_classes], dtype='int64')
     loss_sum, loss_count = 0.0, 0
-    with_loss = losses is not None and not aug_eval
+    with_loss = losses is not None and not options.aug_eval
     total = len(sampler)
     if print_detail:
         logger.info(f'Start evaluating (total_samples: {len(dataset)}, this rank: {total})...')
@@ -143,16 +133,8 @@ def evaluate(model, dataset, aug_eval=False, scales=1.0, flip_horizontal=False, 
             raise_if_error(data)
             image, label = data['img'], data['label']
             trans_info = data['trans_info'][0]
-            with autocast(precision, amp_level):
-                if aug_eval:
-                    score = inference.aug_inference(model, image, trans_info, scales=scales,
-                                                    flip_horizontal=flip_horizontal,
-                                                    flip_vertical=flip_vertical,
-                                                    is_slide=is_slide, crop_size=crop_size,
-                                                    stride=stride, combine=aug_combine)
-                else:
-                    score = inference.inference(model, image, trans_info, is_slide=is_slide,
-                                                crop_size=crop_size, stride=stride)
+            with autocast(options.precision, options.amp_level):
+                score = inference.inference(model, image, trans_info, options)
             score = score.astype('float32')
             if list(score.shape[-2:]) != list(label.shape[-2:]):
                 raise ConfigError(
@@ -161,6 +143,7 @@ def evaluate(model, dataset, aug_eval=False, scales=1.0, flip_horizontal=False, 
                     'size in a way trans_info does not record; use Resize/Padding transforms.')
             pred = paddle.argmax(score, axis=1, keepdim=True, dtype='int32')
             areas += class_areas(pred, label, num_classes, ignore_index)
+            confusion += confusion_matrix(pred, label, num_classes, ignore_index)
             if with_loss:
                 coef, loss_fn = losses['coef'][0], losses['types'][0]
                 loss_sum += float(coef * loss_fn(score, label.squeeze(1)))
@@ -176,10 +159,13 @@ def evaluate(model, dataset, aug_eval=False, scales=1.0, flip_horizontal=False, 
             batch_cost.reset()
             reader_cost.reset()
             start = time.time()
-    summed = dist.all_reduce_sum(np.concatenate([areas.ravel(), [loss_sum, loss_count]]))
-    areas = np.rint(summed[:-2]).astype('int64').reshape(3, num_classes)
+    summed = dist.all_reduce_sum(np.concatenate([areas.ravel(), confusion.ravel(),
+                                                 [loss_sum, loss_count]]))
+    counts = np.rint(summed[:-2]).astype('int64')
+    areas = counts[:areas.size].reshape(3, num_classes)
     result = summarize(areas)
     result['areas'] = areas
+    result['confusion_matrix'] = counts[areas.size:].reshape(num_classes, num_classes)
     result['num_images'] = len(dataset)
     result['loss'] = float(summed[-2] / summed[-1]) if with_loss and summed[-1] > 0 else None
     if print_detail:
@@ -192,96 +178,19 @@ def evaluate(model, dataset, aug_eval=False, scales=1.0, flip_horizontal=False, 
     return result
 
 
-def merge_test_config(test_config, **flags):
-    """Command-line flags override the config's test_config; unset flags (None) keep it."""
-    merged = dict(aug_eval=False, scales=1.0, flip_horizontal=False, flip_vertical=False,
-                  is_slide=False, crop_size=None, stride=None, aug_combine='logits')
-    unknown = [k for k in test_config if k not in merged]
-    if unknown:
-        raise ConfigError(f'test_config has unknown keys {unknown}: known are {list(merged)}.')
-    merged.update(test_config)
-    merged.update({k: v for k, v in flags.items() if v is not None})
-    return merged
-
-
-def check_inference_flags(flags, aug_flag, test_config=None):
-    """Raises ConfigError for an inference flag that would be ignored or has a bad value.
-
-    ``--scales``, the flips and ``--aug_combine`` only act with ``aug_flag``,
-    ``--crop_size`` and ``--stride`` only with ``--is_slide``: given without it,
-    each would leave the result unchanged without a word. The config's
-    ``test_config`` counts as given (its ``aug_eval`` switches on
-    ``aug_flag``); its values are checked too.
-
-    Args:
-        flags (dict | argparse.Namespace): the command line's values of
-            ``aug_eval`` / ``aug_pred`` (``aug_flag`` without dashes), ``scales``,
-            ``flip_horizontal``, ``flip_vertical``, ``aug_combine``, ``is_slide``,
-            ``crop_size`` and ``stride``; None (or absent) where not given.
-        aug_flag (str): '--aug_eval' (val.py) or '--aug_pred' (predict.py).
-        test_config (dict, optional): the config's ``test_config``. Default: None.
-
-    Raises:
-        ConfigError: naming the flag and the flag it needs, or the bad value.
-    """
-    flags = flags if isinstance(flags, dict) else vars(flags)
-    given = {k: v for k, v in flags.items() if v is not None}
-    test_config = test_config or {}
-    if not isinstance(test_config, dict):
-        raise ConfigError(f'test_config must be a mapping of keys such as aug_eval and scales, '
-                          f'got {test_config!r}: fix it in the config.')
-    aug_key = aug_flag.lstrip('-')
-    aug = given.get(aug_key, test_config.get('aug_eval', False))
-    slide = given.get('is_slide', test_config.get('is_slide', False))
-    for name, switch, needs in (('scales', aug, aug_flag),
-                                ('flip_horizontal', aug, aug_flag),
-                                ('flip_vertical', aug, aug_flag),
-                                ('aug_combine', aug, aug_flag),
-                                ('crop_size', slide, '--is_slide'),
-                                ('stride', slide, '--is_slide')):
-        if name in given and not switch:
-            raise ConfigError(f'--{name} only acts with {needs}, which is not set (on the command '
-                              f'line or in test_config): add {needs} or drop --{name}.')
-
-    def where(name):
-        return f'--{name}' if name in given else f'test_config.{name}'
-
-    combine = given.get('aug_combine', test_config.get('aug_combine'))
-    if combine is not None and combine not in inference.AUG_COMBINES:
-        raise ConfigError(f'{where("aug_combine")} must be one of '
-                          f'{" or ".join(inference.AUG_COMBINES)}, got {combine!r}.')
-    scales = given.get('scales', test_config.get('scales'))
-    if scales is not None:
-        values = scales if isinstance(scales, (list, tuple)) else [scales]
-        if not values or not all(_positive_number(v) for v in values):
-            raise ConfigError(f'{where("scales")} must be positive numbers, e.g. 0.75 1.0 1.25, '
-                              f'got {scales!r}.')
-    for name in ('crop_size', 'stride'):
-        value = given.get(name, test_config.get(name))
-        if value is None:
-            if slide:
-                raise ConfigError(f'--is_slide needs --{name} WIDTH HEIGHT (or '
-                                  f'test_config.{name}): add it, e.g. --crop_size 1024 512 '
-                                  '--stride 768 384.')
-            continue
-        if (not isinstance(value, (list, tuple)) or len(value) != 2 or
-                not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)):
-            raise ConfigError(f'{where(name)} must be two positive integers (width height), '
-                              f'got {value!r}.')
-
-
-def _positive_number(value):
-    return (isinstance(value, (int, float)) and not isinstance(value, bool) and
-            math.isfinite(value) and value > 0)
-
-
-def evaluate_from_config(config, model_path, device=None, num_workers=0, aug_eval=None, scales=None,
-                         flip_horizontal=None, flip_vertical=None, is_slide=None, crop_size=None,
-                         stride=None, aug_combine=None, save_dir=None, precision='fp32',
-                         amp_level='O1', opts=None):
+def evaluate_from_config(config, model_path, device=None, num_workers=0, save_dir=None,
+                         opts=None, **flags):
     """val.py: builds the model and val dataset from ``config``, loads ``model_path`` and evaluates.
 
-    Flags left as None take their value from the config's ``test_config``.
+    Args:
+        config (str): the config file.
+        model_path (str): model.pdparams or a checkpoint folder.
+        device (str, optional): 'cpu' or 'gpu'; None: the GPU when Paddle sees one.
+        num_workers (int, optional): DataLoader workers. Default: 0.
+        save_dir (str, optional): also write the predictions there. Default: None.
+        opts (list, optional): ``key=value`` config overrides. Default: None.
+        **flags: val.py's inference flags (``aug_eval``, ``scales``, ... see
+            :class:`InferenceOptions`); None, or absent, takes the config's test_config.
 
     Returns:
         dict: the result of :func:`evaluate`.
@@ -293,18 +202,16 @@ def evaluate_from_config(config, model_path, device=None, num_workers=0, aug_eva
     if save_dir is not None:
         check_save_dir(save_dir)
     cfg = load_config(config, opts=opts)
-    check_inference_flags(dict(aug_eval=aug_eval, scales=scales, flip_horizontal=flip_horizontal,
-                               flip_vertical=flip_vertical, is_slide=is_slide,
-                               crop_size=crop_size, stride=stride, aug_combine=aug_combine),
-                          '--aug_eval', cfg.dic.get('test_config'))
+    options = InferenceOptions.from_flags(flags, cfg.dic.get('test_config'), '--aug_eval')
     builder = ComponentBuilder(cfg, weights_follow=True)
     dataset = builder.dataset('val')
     model = builder.model
     path = load_model_weights(model, model_path)
     logger.info(f'Loaded weights {path}')
-    options = merge_test_config(builder.test_config, aug_eval=aug_eval, scales=scales,
-                                 flip_horizontal=flip_horizontal, flip_vertical=flip_vertical,
-                                 is_slide=is_slide, crop_size=crop_size, stride=stride,
-                                 aug_combine=aug_combine)
-    return evaluate(model, dataset, num_workers=num_workers, save_dir=save_dir,
-                    precision=precision, amp_level=amp_level, logger=logger, **options)
+    result = evaluate(model, dataset, options, num_workers=num_workers, save_dir=save_dir,
+                      logger=logger)
+    if save_dir is not None and dist.is_main_process():
+        figures = write_evaluation_figures(result, class_names(dataset.num_classes, dataset),
+                                           save_dir)
+        logger.info(f'[EVAL] per-class IoU and confusion matrix drawn in {", ".join(figures)}')
+    return result

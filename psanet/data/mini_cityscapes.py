@@ -1,22 +1,10 @@
 """Generates mini Cityscapes: synthetic street scenes in the exact Cityscapes layout and encodings.
 
-The real dataset is 11 GB behind a login; CPU training runs, tests and the
-TIPC chain need something a model can learn in minutes that every
-Cityscapes reader (paddleseg's ``Cityscapes``, the official label table and
-evaluator) reads unchanged. Each image is a road scene in perspective: sky
-on top, buildings with windows on the sides, a road with lane marks and
-sidewalks at the bottom, and all 19 train classes as shapes with a
-characteristic colour, texture, size and place (cars with wheels on the
-road, people on the sidewalks, signs and lights on poles, trams near the
-horizon, ...), jittered and noisy. Ignored pixels (train id 255) come from
-a rectification border, an ego-vehicle bonnet, parking lots, rail tracks,
-static objects and unlabeled object outlines, as in the real labels. Each
-car, person, rider, bicycle, ... is an instance of its own in
-``*_gtFine_instanceIds.png``, which the official pixel-level evaluator reads
-for its instance-weighted iIoU.
-
-Same seed, same bytes; image ``i`` of a split does not depend on how many
-images are made, so a smaller dataset is a prefix of a larger one.
+All 19 train classes as shapes with their own colour, texture, size and place,
+ignored pixels and instance ids as in the real labels, so that every Cityscapes
+reader (paddleseg's ``Cityscapes``, the official evaluator) reads it unchanged.
+Same seed, same bytes; a smaller dataset is a prefix of a larger one. Why and
+what the scenes hold: docs/design.md.
 """
 import json
 import os

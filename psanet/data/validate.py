@@ -1,26 +1,12 @@
 """Checks a segmentation dataset before training, with errors that name the file and the fix.
 
-paddleseg's datasets fail late and vaguely on bad data: ``Cityscapes`` says
-"The dataset is not Found or the folder structure is nonconfoumance." for any
-layout problem, silently pairs the wrong label with an image when one
-``*_labelTrainIds.png`` is missing (it zips two sorted globs), and a label
-image holding Cityscapes label ids (0-33) instead of train ids only shows up
-as a CUDA assert or a NaN loss hours later. The engine therefore calls, in
-this order::
-
-    check_dataset_config(cfg.dic['train_dataset'])   # before paddleseg builds it
-    dataset = cfg.train_dataset                         # paddleseg's constructor
-    validate_dataset(dataset, dataset.num_classes)      # before the first iteration
-
-and the same for the validation dataset. ``check_dataset_root(root, mode)`` is
-the Cityscapes-layout part of ``check_dataset_config`` for callers that hold a
-path rather than a config.
-
-``validate_dataset`` reads every label (and every image's header) on a pool
-of threads, and remembers what it read per file, by path, size and
-modification time, in ``<dataset_root>/.psanet_dataset_check.json`` (or,
-where the root is not writable, under ``~/.cache/psanet/dataset_check/``):
-a second check reads only the files that changed.
+The engine calls :func:`check_dataset_config` before paddleseg builds a
+dataset and :func:`validate_dataset` before the first iteration (and the
+same for the validation dataset); :func:`check_dataset_root` is the
+Cityscapes-layout part for callers that hold a path. What was read is
+remembered per file in ``<dataset_root>/.psanet_dataset_check.json`` (or
+under ``~/.cache/psanet/dataset_check/``), so a second check reads only the
+files that changed. Why: docs/design.md.
 """
 import concurrent.futures
 import glob

@@ -1,12 +1,11 @@
 """Reads ``deploy.yaml``, the description ``export.py`` writes next to an exported model."""
-import json
 import os
 import struct
 
 import yaml
 
 from psanet.contract import (DEFAULT_TRANSFORMS, DEPLOY_FILE, DEPLOY_SECTION, DYNAMIC_INPUT_SHAPE,
-                             PALETTES)
+                             PALETTES, read_json)
 from psanet.errors import DeployError
 
 __all__ = ['DeployConfig', 'graph_holds_custom_op', 'check_params_file']
@@ -20,12 +19,9 @@ def graph_holds_custom_op(model_file):
     Read from the graph itself, not from deploy.yaml, so a model exported by
     other means (or a hand-edited yaml) still gets its op library loaded.
     """
-    try:
-        with open(model_file) as f:
-            program = json.load(f)
-    except (OSError, ValueError) as error:
-        raise DeployError(f'cannot read the model graph {model_file}: {error}. Export the '
-                          f'model again with export.py.') from error
+    program = read_json(model_file, lambda reason: DeployError(
+        f'cannot read the model graph {model_file}: {reason}. Export the model again with '
+        'export.py.'))
     stack = [program]
     while stack:
         node = stack.pop()

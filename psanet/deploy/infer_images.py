@@ -15,7 +15,7 @@ from psanet.errors import DeployError, UnreadableImagesError
 from psanet.log import get_logger
 
 from .config import DeployConfig
-from .predictor import PaddleRunner
+from .predictor import PaddleRunner, PredictorOptions
 from .processing import postprocess, preprocess
 from .timing import StageTimer, format_table
 
@@ -48,9 +48,8 @@ def _readable_batches(images, batch_size, unreadable, logger, timer):
         yield batch
 
 
-def infer(config, image_path, save_dir='./output', batch_size=1, device='cpu', use_trt=False,
-          precision='fp32', enable_mkldnn=False, cpu_threads=1, benchmark=False,
-          print_detail=False, model_name='', logger=None):
+def infer(config, image_path, save_dir='./output', batch_size=1, benchmark=False, model_name='',
+          logger=None, **predictor_flags):
     """Runs the exported model of ``config`` (deploy.yaml) over ``image_path``.
 
     Args:
@@ -58,11 +57,12 @@ def infer(config, image_path, save_dir='./output', batch_size=1, device='cpu', u
         image_path (str): an image, a folder of images, or a list file.
         save_dir (str, optional): Output root. Default: './output'.
         batch_size (int, optional): Images per predictor run. Default: 1.
-        device, use_trt, precision, enable_mkldnn, cpu_threads, print_detail: see
-            :func:`psanet.deploy.predictor.create_predictor`.
         benchmark (bool, optional): Warm up, then print the per-image stage times. Default: False.
         model_name (str, optional): Named in the benchmark table's title. Default: ''.
         logger (logging.Logger, optional): Default: the engine's 'psanet' logger.
+        **predictor_flags: infer.py's ``device``, ``use_trt``, ``precision``,
+            ``enable_mkldnn``, ``cpu_threads`` and ``print_detail``
+            (:class:`psanet.deploy.predictor.PredictorOptions`).
 
     Returns:
         dict: ``{'written': [(pseudo, overlay), ...], 'times': {stage: (mean, p50, p90)}}``.
@@ -71,6 +71,7 @@ def infer(config, image_path, save_dir='./output', batch_size=1, device='cpu', u
         UnreadableImagesError: after every readable image is written, when some
             could not be read (each is also logged as it is skipped).
     """
+    options = PredictorOptions(**predictor_flags)
     logger = logger or get_logger()
     if int(batch_size) < 1:
         raise DeployError(f'--batch_size must be >= 1, got {batch_size}.')
@@ -78,11 +79,10 @@ def infer(config, image_path, save_dir='./output', batch_size=1, device='cpu', u
     deploy = DeployConfig(config)
     images = get_image_list(image_path)
     transforms = deploy.build_transforms()
-    runner = PaddleRunner(deploy, device=device, enable_mkldnn=enable_mkldnn,
-                          cpu_threads=cpu_threads, use_trt=use_trt, precision=precision,
-                          print_detail=print_detail)
-    logger.info(f'Inferring {len(images)} images with {deploy.model} on {device} '
-                f'(batch size {batch_size}, oneDNN {"on" if enable_mkldnn else "off"}) ...')
+    runner = PaddleRunner(deploy, options)
+    onednn = 'on' if options.enable_mkldnn else 'off'
+    logger.info(f'Inferring {len(images)} images with {deploy.model} on {options.device} '
+                f'(batch size {batch_size}, oneDNN {onednn}) ...')
     colors = color_map(deploy.num_classes, cityscapes=deploy.palette == 'cityscapes')
     timer = StageTimer()
     written, unreadable = [], []
@@ -110,8 +110,8 @@ def infer(config, image_path, save_dir='./output', batch_size=1, device='cpu', u
     if benchmark:
         prefix = f'{model_name}: ' if model_name else ''
         title = (f'{prefix}ms per image over {len(written)} images, batch size {batch_size}, '
-                 f'{device}, oneDNN {"on" if enable_mkldnn else "off"}, '
-                 f'{cpu_threads} threads, {precision}:')
+                 f'{options.device}, oneDNN {onednn}, {options.cpu_threads} threads, '
+                 f'{options.precision}:')
         print(format_table(times, title), flush=True)
     if unreadable:
         raise UnreadableImagesError(unreadable, len(images), written, save_dir)

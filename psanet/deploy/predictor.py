@@ -1,19 +1,13 @@
-"""Creates a Paddle Inference predictor (or an onnxruntime session) for an exported PSANet.
+"""Paddle Inference predictors (and onnxruntime sessions) for an exported PSANet.
 
-Two things make a predictor for this model differ from PaddleSeg's:
-
-* A graph exported with ``psa_impl='custom'`` holds the ``psa_mask`` custom op,
-  whose library must be registered in the process before the predictor is
-  created; ``create_predictor`` does so (and never for a pure-Paddle graph).
-* On the CPU, Paddle Inference turns oneDNN on unless told otherwise, so
-  ``enable_mkldnn=False`` calls ``disable_mkldnn()`` explicitly. The Paddle
-  version's predictor bugs (memory reuse, oneDNN's op placement pass with a
-  saved ``bilinear_interp``) are worked around by
-  ``psanet.compat.configure_inference``, where each names its Paddle issue.
-  Paddle inserts no layout reorder in front of a custom op, so ``psa_mask``
-  may receive a oneDNN-layout tensor; the op reorders it to NCHW itself.
+``PredictorOptions`` holds deploy/python/infer.py's runtime flags, checked once;
+``create_predictor`` registers the psa_mask op library first when the graph holds
+the custom op, and sets oneDNN on or off explicitly; the runners run a batch and
+check it against the export's input shape. Why, and the Paddle workarounds
+(``psanet.compat.configure_inference``): docs/deploy.md.
 """
 import os
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -24,7 +18,7 @@ from psanet.log import get_logger
 
 from .config import DeployConfig, check_params_file
 
-__all__ = ['create_predictor', 'PaddleRunner', 'OnnxRunner', 'load_custom_op']
+__all__ = ['PredictorOptions', 'create_predictor', 'PaddleRunner', 'OnnxRunner', 'load_custom_op']
 
 PRECISIONS = ('fp32', 'fp16', 'int8')
 
@@ -42,40 +36,80 @@ def load_custom_op():
             f'`--psa_impl paddle`, which needs no op library.') from error
 
 
-def create_predictor(deploy, device='cpu', enable_mkldnn=False, cpu_threads=1,
-                     use_trt=False, precision='fp32', print_detail=False):
+@dataclass(frozen=True)
+class PredictorOptions:
+    """How a predictor runs: deploy/python/infer.py's runtime flags, checked once.
+
+    Args:
+        device (str): 'cpu' or 'gpu'. Default: 'cpu'.
+        use_trt (bool): TensorRT subgraphs on the GPU. Default: False.
+        precision (str): 'fp32', or 'fp16'/'int8' with TensorRT. Default: 'fp32'.
+        enable_mkldnn (bool): run the CPU graph's convolutions in oneDNN; False turns it
+            off explicitly (Paddle Inference's CPU default is on). Default: False.
+        cpu_threads (int): math library threads on the CPU (onnxruntime's intra-op
+            threads). Default: 1.
+        print_detail (bool): keep Paddle's glog output. Default: False.
+
+    Raises:
+        DeployError: for a value, or a combination, that cannot work, naming the flag.
+    """
+    device: str = 'cpu'
+    use_trt: bool = False
+    precision: str = 'fp32'
+    enable_mkldnn: bool = False
+    cpu_threads: int = 1
+    print_detail: bool = False
+
+    def __post_init__(self):
+        if self.device not in ('cpu', 'gpu'):
+            raise DeployError(f"--device must be 'cpu' or 'gpu', got {self.device!r}.")
+        if self.precision not in PRECISIONS:
+            raise DeployError(f'--precision must be one of {PRECISIONS}, got '
+                              f'{self.precision!r}.')
+        if self.device == 'cpu':
+            if self.use_trt:
+                raise DeployError('--use_trt needs --device gpu.')
+            if self.precision != 'fp32':
+                raise DeployError(f'the CPU predictor runs fp32 only, got --precision '
+                                  f'{self.precision}; use --precision fp32 (fp16/int8 need '
+                                  '--device gpu --use_trt True).')
+            if int(self.cpu_threads) < 1:
+                raise DeployError(f'--cpu_threads must be >= 1, got {self.cpu_threads}.')
+        else:
+            if not self.use_trt and self.precision != 'fp32':
+                raise DeployError(f'--precision {self.precision} on the GPU needs --use_trt '
+                                  'True.')
+            if self.precision == 'int8':
+                raise DeployError('--precision int8 needs a quantised model; this export is '
+                                  'fp32.')
+        object.__setattr__(self, 'cpu_threads', int(self.cpu_threads))
+
+
+def create_predictor(deploy, options=None):
     """A ``paddle.inference`` predictor for the model ``deploy`` describes.
 
     Args:
         deploy (DeployConfig|str): The deploy config, or the path of deploy.yaml.
-        device (str, optional): 'cpu' or 'gpu'. Default: 'cpu'.
-        enable_mkldnn (bool, optional): Run the CPU graph's convolutions in oneDNN
-            (see the module docstring). Default: False.
-        cpu_threads (int, optional): Math library threads on the CPU. Default: 1.
-        use_trt (bool, optional): TensorRT subgraphs on the GPU. Default: False.
-        precision (str, optional): 'fp32', or 'fp16'/'int8' with TensorRT. Default: 'fp32'.
-        print_detail (bool, optional): Keep Paddle's glog output. Default: False.
+        options (PredictorOptions, optional): Default: ``PredictorOptions()`` (CPU, oneDNN
+            off, one thread).
 
     Returns:
         paddle.inference.Predictor
     """
     from paddle import inference
+    options = options or PredictorOptions()
     if not isinstance(deploy, DeployConfig):
         deploy = DeployConfig(deploy)
-    if device not in ('cpu', 'gpu'):
-        raise DeployError(f"--device must be 'cpu' or 'gpu', got {device!r}.")
-    if precision not in PRECISIONS:
-        raise DeployError(f'--precision must be one of {PRECISIONS}, got {precision!r}.')
     check_params_file(deploy.params)
     if deploy.holds_custom_op:
         load_custom_op()
     config = inference.Config(deploy.model, deploy.params)
-    if not print_detail:
+    if not options.print_detail:
         config.disable_glog_info()
-    if device == 'cpu':
-        _configure_cpu(config, enable_mkldnn, cpu_threads, use_trt, precision)
+    if options.device == 'cpu':
+        _configure_cpu(config, options)
     else:
-        _configure_gpu(config, deploy, use_trt, precision)
+        _configure_gpu(config, deploy, options)
     compat.configure_inference(config)
     try:
         return inference.create_predictor(config)
@@ -85,17 +119,10 @@ def create_predictor(deploy, device='cpu', enable_mkldnn=False, cpu_threads=1,
                           f'copied or edited, export the model again with export.py.') from error
 
 
-def _configure_cpu(config, enable_mkldnn, cpu_threads, use_trt, precision):
-    if use_trt:
-        raise DeployError('--use_trt needs --device gpu.')
-    if precision != 'fp32':
-        raise DeployError(f'the CPU predictor runs fp32 only, got --precision {precision}; '
-                          f'use --precision fp32 (fp16/int8 need --device gpu --use_trt True).')
-    if int(cpu_threads) < 1:
-        raise DeployError(f'--cpu_threads must be >= 1, got {cpu_threads}.')
+def _configure_cpu(config, options):
     config.disable_gpu()
-    config.set_cpu_math_library_num_threads(int(cpu_threads))
-    if enable_mkldnn:
+    config.set_cpu_math_library_num_threads(options.cpu_threads)
+    if options.enable_mkldnn:
         config.enable_mkldnn()
         # A few input sizes each get their own oneDNN primitives; bound the cache.
         config.set_mkldnn_cache_capacity(10)
@@ -107,19 +134,15 @@ def _configure_cpu(config, enable_mkldnn, cpu_threads, use_trt, precision):
         config.disable_mkldnn()
 
 
-def _configure_gpu(config, deploy, use_trt, precision):
+def _configure_gpu(config, deploy, options):
     import paddle
     from paddle.inference import PrecisionType
     if not paddle.is_compiled_with_cuda():
         raise DeployError('--device gpu needs paddlepaddle-gpu; this Paddle is a CPU build. '
                           'Use --device cpu or install paddlepaddle-gpu.')
-    if not use_trt and precision != 'fp32':
-        raise DeployError(f'--precision {precision} on the GPU needs --use_trt True.')
-    if precision == 'int8':
-        raise DeployError('--precision int8 needs a quantised model; this export is fp32.')
     config.enable_use_gpu(256, 0)
-    if use_trt:
-        mode = PrecisionType.Half if precision == 'fp16' else PrecisionType.Float32
+    if options.use_trt:
+        mode = PrecisionType.Half if options.precision == 'fp16' else PrecisionType.Float32
         config.enable_tensorrt_engine(workspace_size=1 << 30, max_batch_size=1,
                                       min_subgraph_size=3, precision_mode=mode,
                                       use_static=False, use_calib_mode=False)
@@ -161,12 +184,12 @@ class PaddleRunner:
 
     Args:
         deploy (DeployConfig|str): The deploy config or its path.
-        **options: ``create_predictor`` options (device, enable_mkldnn, cpu_threads, ...).
+        options (PredictorOptions, optional): Default: ``PredictorOptions()``.
     """
 
-    def __init__(self, deploy, **options):
+    def __init__(self, deploy, options=None):
         self.deploy = deploy if isinstance(deploy, DeployConfig) else DeployConfig(deploy)
-        self.predictor = create_predictor(self.deploy, **options)
+        self.predictor = create_predictor(self.deploy, options)
         self._input = self.predictor.get_input_handle(self.predictor.get_input_names()[0])
         self._output = self.predictor.get_output_handle(self.predictor.get_output_names()[0])
 
@@ -188,10 +211,12 @@ class OnnxRunner:
     Args:
         deploy (DeployConfig|str): The deploy config or its path; the export must have
             been made with ``--psa_impl paddle --onnx``.
-        cpu_threads (int, optional): onnxruntime intra-op threads. Default: 1.
+        options (PredictorOptions, optional): Its ``cpu_threads`` are onnxruntime's
+            intra-op threads; the rest is Paddle Inference's. Default: ``PredictorOptions()``.
     """
 
-    def __init__(self, deploy, cpu_threads=1):
+    def __init__(self, deploy, options=None):
+        options = options or PredictorOptions()
         self.deploy = deploy if isinstance(deploy, DeployConfig) else DeployConfig(deploy)
         path = self.deploy.onnx
         if path is None or not os.path.isfile(path):
@@ -202,10 +227,10 @@ class OnnxRunner:
         except ImportError as error:
             raise DeployError('running model.onnx needs onnxruntime: '
                               'pip install onnxruntime') from error
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = int(cpu_threads)
-        options.inter_op_num_threads = 1
-        self.session = onnxruntime.InferenceSession(path, options,
+        session_options = onnxruntime.SessionOptions()
+        session_options.intra_op_num_threads = options.cpu_threads
+        session_options.inter_op_num_threads = 1
+        self.session = onnxruntime.InferenceSession(path, session_options,
                                                     providers=['CPUExecutionProvider'])
         self._input_name = self.session.get_inputs()[0].name
 

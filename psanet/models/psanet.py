@@ -19,11 +19,9 @@ from paddleseg.utils import logger, utils
 
 from psanet.errors import ArgumentError, CheckpointError, ConfigError
 from psanet.models.reproduction import convert_reproduction_state, is_reproduction_state
-from psanet.ops import PSAMask
+from psanet.ops import BI_DIRECTIONAL, COLLECT, DISTRIBUTE, PSA_TYPE_NAMES, PSAMask
 
 __all__ = ['PSANet', 'PSAHead', 'PSABranch']
-
-_COLLECT, _DISTRIBUTE, _BIDIRECTION = 0, 1, 2
 _ELEMENT_BYTES = {paddle.float16: 2, paddle.bfloat16: 2, paddle.float32: 4, paddle.float64: 8}
 # Probe input sizes that tell the backbone's output stride and its rounding (ceil).
 _STRIDE_PROBES = ((64, 96), (65, 97))
@@ -56,7 +54,8 @@ class PSANet(nn.Layer):
         backbone (paddle.nn.Layer): Backbone network, e.g. ResNet50_vd with output_stride 8.
         backbone_indices (tuple, optional): Indices of the backbone outputs used by the
             auxiliary head and by the PSA head. Default: (2, 3).
-        psa_type (int, optional): 0 collect, 1 distribute, 2 bi-direction. Default: 2.
+        psa_type (int, optional): 0 collect, 1 distribute, 2 bi-directional (both).
+            Default: 2.
         mask_h (int, optional): Height of the attention window on the shrunk map. Default: 59.
         mask_w (int, optional): Width of the attention window on the shrunk map. Default: 59.
         psa_channels (int, optional): Channels of the reduced feature each PSA branch
@@ -83,7 +82,7 @@ class PSANet(nn.Layer):
                  num_classes,
                  backbone,
                  backbone_indices=(2, 3),
-                 psa_type=_BIDIRECTION,
+                 psa_type=BI_DIRECTIONAL,
                  mask_h=59,
                  mask_w=59,
                  psa_channels=512,
@@ -215,7 +214,7 @@ class PSAHead(nn.Layer):
     Args:
         num_classes (int): The number of target classes.
         backbone_channels (list[int]): Channels of the auxiliary and main backbone features.
-        psa_type (int): 0 collect, 1 distribute, 2 bi-direction.
+        psa_type (int): 0 collect, 1 distribute, 2 bi-directional (both).
         mask_h (int): Attention window height.
         mask_w (int): Attention window width.
         psa_channels (int): Channels of each branch's reduced feature.
@@ -234,9 +233,9 @@ class PSAHead(nn.Layer):
                  use_psa, compact, enable_auxiliary_loss):
         super().__init__()
         _check_positive_int('num_classes', num_classes)
-        if not _is_int(psa_type) or psa_type not in (_COLLECT, _DISTRIBUTE, _BIDIRECTION):
-            raise ArgumentError('psa_type', '0 (collect), 1 (distribute) or 2 (bi-direction)',
-                                psa_type)
+        if not _is_int(psa_type) or psa_type not in PSA_TYPE_NAMES:
+            names = [f'{value} ({name})' for value, name in PSA_TYPE_NAMES.items()]
+            raise ArgumentError('psa_type', f'{", ".join(names[:-1])} or {names[-1]}', psa_type)
         for name, value in (('mask_h', mask_h), ('mask_w', mask_w),
                             ('psa_channels', psa_channels), ('shrink_factor', shrink_factor)):
             _check_positive_int(name, value)
@@ -255,7 +254,7 @@ class PSAHead(nn.Layer):
         self.use_psa = use_psa
         self.shrink_factor = shrink_factor
         if use_psa:
-            directions = [_COLLECT, _DISTRIBUTE] if psa_type == _BIDIRECTION else [psa_type]
+            directions = [COLLECT, DISTRIBUTE] if psa_type == BI_DIRECTIONAL else [psa_type]
             self.branches = nn.LayerList([
                 PSABranch(in_channels, psa_channels, direction, mask_h, mask_w,
                           shrink_factor, normalization_factor, psa_softmax, compact)
@@ -386,7 +385,7 @@ class PSABranch(nn.Layer):
                 f'{self.mask_h}x{self.mask_w}: set model.mask_h: {h} and model.mask_w: {w} '
                 '(and feed inputs of that size: crop_size, or --is_slide for evaluation), or '
                 'model.compact: false.')
-        if self.psa_type == _COLLECT:
+        if self.psa_type == COLLECT:
             return attention  # Y[n, q, p] = channel q at p
         # Distribute: Y[n, p, q] = channel q at p, the transpose over positions.
         dense = attention.reshape([0, 0, -1]).transpose([0, 2, 1])

@@ -1,21 +1,10 @@
 """The point-wise spatial attention (PSA) mask op: functional, Layer, pure-Paddle form.
 
-``psa_mask`` turns the per-position attention predicted over a local
-``mask_h x mask_w`` window into a dense ``[N, H*W, H, W]`` attention map
-(Zhao et al., "PSANet: Point-wise Spatial Attention Network for Scene
-Parsing", ECCV 2018). Two implementations compute the same thing:
-
-* ``'custom'``: the C++/CUDA custom op (``ops/``), fast, the default;
-* ``'paddle'``: standard Paddle ops only (an index gather); the reference the
-  kernels are tested against, and the form that exports to ONNX or runs where
-  the op library is not available.
-
-CPU threads: the C++ kernels run on as many threads as the process gives
-Paddle's CPU kernels (``OMP_NUM_THREADS``, which ``import paddle`` sets to 1
-when unset; ``paddle.base.core.set_num_threads``; the inference predictor's
-``set_cpu_math_library_num_threads``), so ranks sharing a machine do not
-oversubscribe it. ``PSA_MASK_NUM_THREADS=n`` overrides that for the op alone;
-``psa_mask_cpu_threads()`` says what a call would use.
+``psa_mask`` turns the attention predicted over a local ``mask_h x mask_w``
+window at each position into a dense ``[N, H*W, H, W]`` map (Zhao et al.,
+ECCV 2018). ``'custom'``: the C++/CUDA custom op (``ops/``), the default;
+``'paddle'``: standard Paddle ops only, the reference the kernels are tested
+against and the form that exports to ONNX. CPU threads: docs/psa_mask.md.
 """
 import contextlib
 import numbers

@@ -1,0 +1,742 @@
+"""What the model does, as pictures: PSANet's attention for chosen pixels, and evaluations.
+
+:func:`capture_attention` records, while a model runs, the attention map each
+PSA branch aggregates with (forward hooks, installed only inside the block);
+:func:`point_maps` reads the maps of one position; tools/visualize_attention.py
+(:func:`visualize_attention_from_config`) draws them over the image beside the
+prediction. :func:`iou_bar_chart` and :func:`confusion_matrix_image` draw an
+evaluation's per-class IoU and row-normalised confusion matrix; val.py and
+training's VisualDL log write them (:func:`write_evaluation_figures`,
+:func:`log_evaluation_figures`). OpenCV draws everything. The engine and
+paddleseg are imported only by the function that builds a model from a config.
+"""
+import contextlib
+import dataclasses
+import math
+import os
+import re
+import tempfile
+
+import cv2
+import numpy as np
+import paddle
+
+from psanet.contract import check_save_dir, color_map, palette_for
+from psanet.errors import ConfigError, DatasetError, unreadable_image
+from psanet.ops import COLLECT, DISTRIBUTE, psa_impl as use_psa_impl
+
+__all__ = ['AttentionRecord', 'MapGeometry', 'capture_attention', 'point_maps', 'branch_map',
+           'parse_points', 'check_points', 'visualize_attention',
+           'visualize_attention_from_config', 'class_names', 'normalized_confusion',
+           'iou_bar_chart', 'confusion_matrix_image', 'write_evaluation_figures',
+           'log_evaluation_figures', 'EVALUATION_FIGURES']
+
+# Panels are drawn at least this tall (small images are upscaled) and at most this tall.
+_MIN_PANEL_HEIGHT, _MAX_PANEL_HEIGHT = 256, 512
+_FONT = cv2.FONT_HERSHEY_SIMPLEX
+_WHITE, _BLACK, _GREY = (255, 255, 255), (0, 0, 0), (128, 128, 128)
+_GAP = 8
+# File names of write_evaluation_figures, also the VisualDL tags' last part.
+EVALUATION_FIGURES = ('class_iou', 'confusion_matrix')
+
+
+# ---------------------------------------------------------------------------
+# Reading the attention
+# ---------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class AttentionRecord:
+    """One PSA branch's attention map in one forward.
+
+    Attributes:
+        psa_type (int): the branch's direction, 0 collect or 1 distribute.
+        attention (np.ndarray): float32 [N, h*w, h, w], after the mask op (or the
+            compact read-out) and the softmax: the branch outputs
+            ``out[n, c, p] = sum_a x[n, c, a] * attention[n, a, p]``.
+        map_size (tuple): (h, w) of the shrunk map the branch attends over.
+        feature_size (tuple): (H, W) of the feature the branch shrinks.
+    """
+    psa_type: int
+    attention: np.ndarray
+    map_size: tuple
+    feature_size: tuple
+
+
+def _psa_branches(model):
+    """The model's PSA branches; ConfigError when it has none (``use_psa: false``)."""
+    # PSABranch by what it has, so that this module does not import the models.
+    branches = [layer for layer in model.sublayers(include_self=True)
+                if isinstance(getattr(layer, 'normalize', None), paddle.nn.Layer)
+                and hasattr(layer, 'psa_type')]
+    if not branches:
+        raise ConfigError(f'{type(model).__name__} has no PSA branch (model.use_psa: false '
+                          'builds none): there is no attention to show; use a PSANet with '
+                          'use_psa: true.')
+    return branches
+
+
+def _branch_hooks(branch, records):
+    """A pre-hook that notes the feature size and a hook on ``normalize`` that records."""
+    seen = {}
+
+    def note_feature(layer, inputs):
+        seen['feature_size'] = tuple(int(s) for s in inputs[0].shape[-2:])
+
+    def record(layer, inputs, output):
+        if not paddle.in_dynamic_mode():  # traced for export: nothing to read
+            return
+        attention = output.detach().astype('float32').numpy()
+        records.append(AttentionRecord(int(branch.psa_type), attention,
+                                       tuple(attention.shape[-2:]), seen.get('feature_size')))
+
+    return note_feature, record
+
+
+@contextlib.contextmanager
+def capture_attention(model):
+    """Within the block, every forward of ``model`` appends one record per PSA branch.
+
+    Forward hooks on each branch (its ``normalize`` layer, whose output is the
+    map the branch aggregates with) are installed on entry and removed on exit;
+    they return nothing, so the outputs stay bit-identical, and outside the
+    block the model is as it was (training, evaluation and export unchanged).
+    Dygraph only.
+
+    Args:
+        model (paddle.nn.Layer): a PSANet, or any layer holding PSA branches.
+
+    Yields:
+        list: receives an :class:`AttentionRecord` per branch per forward, in the
+        order the branches run (collect before distribute).
+
+    Raises:
+        ConfigError: when the model has no PSA branch (``use_psa: false``).
+    """
+    branches = _psa_branches(model)
+    records, handles = [], []
+    try:
+        for branch in branches:
+            note_feature, record = _branch_hooks(branch, records)
+            handles.append(branch.register_forward_pre_hook(note_feature))
+            handles.append(branch.normalize.register_forward_post_hook(record))
+        yield records
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def point_maps(record, row, col, sample=0):
+    """The h x w maps of what map position p = (row, col) collects and distributes.
+
+    The branch aggregates ``out[:, p] = sum_a x[:, a] * A[a, p]``: p gathers
+    from every position through column ``A[:, p]``, and p's own feature reaches
+    position b with weight ``A[p, b]``, row p. This is the paper's collect and
+    distribute at p: a collect branch predicts column p at p (``Y[q, p]``), a
+    distribute branch row p (``Y[p, q]``).
+
+    Args:
+        record (AttentionRecord): one branch's map.
+        row (int): p's row on the shrunk map.
+        col (int): p's column on the shrunk map.
+        sample (int, optional): index in the batch. Default: 0.
+
+    Returns:
+        tuple: ``(collect, distribute)``, float32 [h, w] each: column p and row p.
+    """
+    h, w = record.map_size
+    if not (0 <= row < h and 0 <= col < w):
+        raise ValueError(f'position (row {row}, col {col}) is outside the {h}x{w} map.')
+    square = record.attention[sample].reshape(h * w, h * w)
+    p = row * w + col
+    return square[:, p].reshape(h, w), square[p, :].reshape(h, w)
+
+
+def branch_map(record, row, col, sample=0):
+    """The map a branch itself predicts at p = (row, col): column p for collect, row p for
+    distribute (:func:`point_maps`)."""
+    collect, distribute = point_maps(record, row, col, sample)
+    return collect if record.psa_type == COLLECT else distribute
+
+
+@dataclasses.dataclass(frozen=True)
+class MapGeometry:
+    """Where a pixel of the image as read lies on a branch's shrunk map, and back.
+
+    A pixel goes through the val transforms' recorded resizes (pixel centres
+    aligned, as cv2.resize; paddings keep it in place), then from the network
+    input to the backbone feature as the model resizes its logits back (its
+    ``align_corners``, half-pixel by default), then to the shrunk map with
+    corners aligned, as the branch shrinks. Positions are continuous, clipped
+    to the map; the cell of a pixel is the nearest map position.
+
+    Attributes:
+        image_size (tuple): (H, W) of the image as read.
+        input_size (tuple): (H, W) of the network input.
+        trans_info (tuple): the transforms' ``(op, (h, w) before the op)`` entries.
+        feature_size (tuple): (H, W) of the feature the branch shrinks.
+        map_size (tuple): (h, w) of the shrunk map.
+        align_corners (bool): the model's final resize. Default: False.
+    """
+    image_size: tuple
+    input_size: tuple
+    trans_info: tuple
+    feature_size: tuple
+    map_size: tuple
+    align_corners: bool = False
+
+    def _to_map(self, u, axis):
+        u = np.asarray(u, np.float64)
+        after = [size for _, size in self.trans_info[1:]] + [self.input_size]
+        for (op, before), size in zip(self.trans_info, after):
+            if op == 'resize':
+                u = (u + 0.5) * size[axis] / before[axis] - 0.5
+        n_input, n_feature, n_map = (int(s[axis]) for s in (self.input_size, self.feature_size,
+                                                             self.map_size))
+        if self.align_corners:
+            feature = u * (n_feature - 1) / max(n_input - 1, 1)
+        else:
+            feature = (u + 0.5) * n_feature / n_input - 0.5
+        return np.clip(feature * (n_map - 1) / max(n_feature - 1, 1), 0, n_map - 1)
+
+    def cell(self, x, y):
+        """(row, col) of the map cell of image pixel (x, y)."""
+        return int(np.rint(self._to_map(y, 0))), int(np.rint(self._to_map(x, 1)))
+
+    def upsample(self, values):
+        """An [h, w] map as an [H, W] image: bilinear, each pixel read where it lies on the map."""
+        height, width = self.image_size
+        rows = self._to_map(np.arange(height), 0).astype(np.float32)
+        cols = self._to_map(np.arange(width), 1).astype(np.float32)
+        map_x = np.ascontiguousarray(np.broadcast_to(cols[None, :], (height, width)))
+        map_y = np.ascontiguousarray(np.broadcast_to(rows[:, None], (height, width)))
+        return cv2.remap(np.asarray(values, np.float32), map_x, map_y, cv2.INTER_LINEAR,
+                         borderMode=cv2.BORDER_REPLICATE)
+
+
+def parse_points(points):
+    """``['x,y', ...]`` (or ``(x, y)`` pairs) -> ``[(x, y), ...]`` ints, in image pixels.
+
+    Raises:
+        ConfigError: naming the item that is not two integers ``x,y``.
+    """
+    parsed = []
+    for point in points or []:
+        if isinstance(point, str):
+            match = re.fullmatch(r'\s*(-?\d+)\s*,\s*(-?\d+)\s*', point)
+            if match is None:
+                raise ConfigError(f'--points {point!r} is not a point: give each as x,y in image '
+                                  'pixels (integers, no spaces), e.g. --points 120,40 300,200.')
+            parsed.append((int(match.group(1)), int(match.group(2))))
+        else:
+            x, y = point
+            parsed.append((int(x), int(y)))
+    if not parsed:
+        raise ConfigError('--points is empty: give at least one x,y in image pixels.')
+    return parsed
+
+
+def check_points(points, image_size, image_name=''):
+    """Raises ConfigError for the first point outside an image of ``image_size`` (H, W)."""
+    height, width = image_size
+    name = f' {image_name}' if image_name else ''
+    for x, y in points:
+        if not (0 <= x < width and 0 <= y < height):
+            raise ConfigError(f'--points {x},{y} is outside the image{name} ({width}x{height} '
+                              f'pixels): x must be in 0..{width - 1} and y in 0..{height - 1}.')
+
+
+# ---------------------------------------------------------------------------
+# Drawing helpers
+# ---------------------------------------------------------------------------
+
+def _font_scale(text, width, largest=0.55, smallest=0.35):
+    scale = largest
+    while scale > smallest and cv2.getTextSize(text, _FONT, scale, 1)[0][0] > width:
+        scale -= 0.05
+    return scale
+
+
+def _text_band(width, lines, largest=0.55, background=_WHITE, thickness=1):
+    """A band ``width`` wide with one line of black text per item."""
+    line_height = int(round(40 * largest))
+    band = np.full((len(lines) * line_height + 8, width, 3), background, np.uint8)
+    for i, line in enumerate(lines):
+        scale = _font_scale(line, width - 8, largest)
+        cv2.putText(band, line, (4, (i + 1) * line_height - 4), _FONT, scale, _BLACK, thickness,
+                    cv2.LINE_AA)
+    return band
+
+
+def _pad_to(image, height, width):
+    padded = np.full((height, width, 3), 255, np.uint8)
+    padded[:image.shape[0], :image.shape[1]] = image
+    return padded
+
+
+def _hstack(images):
+    height = max(image.shape[0] for image in images)
+    gap = np.full((height, _GAP, 3), 255, np.uint8)
+    parts = []
+    for image in images:
+        parts += [_pad_to(image, height, image.shape[1]), gap]
+    return np.hstack(parts[:-1])
+
+
+def _vstack(images):
+    width = max(image.shape[1] for image in images)
+    gap = np.full((_GAP, width, 3), 255, np.uint8)
+    parts = []
+    for image in images:
+        parts += [_pad_to(image, image.shape[0], width), gap]
+    return np.vstack(parts[:-1])
+
+
+def _panel_scale(height):
+    if height < _MIN_PANEL_HEIGHT:
+        return math.ceil(_MIN_PANEL_HEIGHT / height)
+    return min(1.0, _MAX_PANEL_HEIGHT / height)
+
+
+def _scaled(image, scale, nearest=False):
+    if scale == 1:
+        return image.copy()
+    size = (max(1, round(image.shape[1] * scale)), max(1, round(image.shape[0] * scale)))
+    return cv2.resize(image, size, interpolation=cv2.INTER_NEAREST if nearest else
+                      cv2.INTER_LINEAR if scale > 1 else cv2.INTER_AREA)
+
+
+def _mark(panel, point, scale):
+    """The scaled ``panel`` framed, with a circle and a cross at image pixel ``point``.
+
+    Black under white, to show on any colour; the white margin keeps the whole
+    marker in view at the image's edges.
+    """
+    radius = max(6, int(round(min(panel.shape[:2]) / 40)))
+    margin = 2 * radius + 2
+    framed = cv2.copyMakeBorder(panel, margin, margin, margin, margin, cv2.BORDER_CONSTANT,
+                                value=_WHITE)
+    cv2.rectangle(framed, (margin - 1, margin - 1),
+                  (margin + panel.shape[1], margin + panel.shape[0]), _GREY, 1)
+    x, y = ((c + 0.5) * scale - 0.5 + margin for c in point)
+    centre = (int(round(x)), int(round(y)))
+    for colour, thickness in ((_BLACK, 4), (_WHITE, 2)):
+        cv2.circle(framed, centre, radius, colour, thickness, cv2.LINE_AA)
+        for dx, dy in ((1, 0), (0, 1)):
+            start = (centre[0] - 2 * radius * dx, centre[1] - 2 * radius * dy)
+            end = (centre[0] + 2 * radius * dx, centre[1] + 2 * radius * dy)
+            cv2.line(framed, start, end, colour, thickness, cv2.LINE_AA)
+    return framed
+
+
+def _heat(image, values):
+    """``values`` [H, W] in JET (blue low, red high, its own min..max) over the image in grey."""
+    low, high = float(values.min()), float(values.max())
+    spread = (values - low) / (high - low) if high > low else np.zeros_like(values)
+    heat = cv2.applyColorMap(np.clip(spread * 255, 0, 255).astype(np.uint8), cv2.COLORMAP_JET)
+    grey = cv2.cvtColor(cv2.cvtColor(image, cv2.COLOR_BGR2GRAY), cv2.COLOR_GRAY2BGR)
+    return cv2.addWeighted(grey, 0.4, heat, 0.6, 0)
+
+
+def _legend(width, classes, palette, names):
+    """Colour swatches with the names of ``classes``, wrapped to ``width``."""
+    band = np.full((3 * 22 + 6, width, 3), 255, np.uint8)
+    x, row, shown = 4, 0, 0
+    for cls in classes:
+        name = _name(names, cls)
+        text_width = _text_width(name, 0.45)
+        if x + 18 + text_width > width - 4:
+            x, row = 4, row + 1
+        if row == 3:
+            break
+        top = 4 + row * 22
+        cv2.rectangle(band, (x, top + 2), (x + 14, top + 16), tuple(int(c) for c in palette[cls]),
+                      -1)
+        cv2.rectangle(band, (x, top + 2), (x + 14, top + 16), _GREY, 1)
+        cv2.putText(band, name, (x + 18, top + 15), _FONT, 0.45, _BLACK, 1, cv2.LINE_AA)
+        x += 18 + text_width + 12
+        shown += 1
+    return band[:4 + (row + 1) * 22 + 2] if shown else band[:0]
+
+
+_DIRECTION_TITLES = {
+    COLLECT: ('collect: where p gathers from', 'column p of the collect map'),
+    DISTRIBUTE: ('distribute: where p sends to', 'row p of the distribute map'),
+}
+
+
+def _point_figure(image, point, records, geometries, segmentation, names):
+    """[image + point | one heat map per branch | prediction], titled, for one point."""
+    scale = _panel_scale(image.shape[0])
+    x, y = point
+    panels = [(_mark(_scaled(image, scale), point, scale),
+               ['image, p marked', f'{image.shape[1]}x{image.shape[0]} pixels'])]
+    for record, geometry in zip(records, geometries):
+        row, col = geometry.cell(x, y)
+        values = branch_map(record, row, col)
+        heat = _heat(image, geometry.upsample(values))
+        title, which = _DIRECTION_TITLES[record.psa_type]
+        panels.append((_mark(_scaled(heat, scale), point, scale),
+                       [title, f'{which}; p in map cell (row {row}, col {col}) of '
+                        f'{record.map_size[0]}x{record.map_size[1]}',
+                        f'blue {values.min():.2g} .. red {values.max():.2g}']))
+    label, palette = segmentation
+    seg = _mark(_scaled(palette[label], scale, nearest=True), point, scale)
+    classes, counts = np.unique(label, return_counts=True)
+    legend = _legend(seg.shape[1], classes[np.argsort(-counts)], palette, names)
+    panels.append((np.vstack([seg, legend]), ['prediction', f'class at p: '
+                                              f'{_name(names, int(label[y, x]))}']))
+    lines = max(len(text) for _, text in panels)
+    return _hstack([np.vstack([_text_band(panel.shape[1], text + [''] * (lines - len(text))),
+                               panel]) for panel, text in panels])
+
+
+def _name(names, cls):
+    return names[cls] if cls < len(names) else f'class {cls}'
+
+
+# ---------------------------------------------------------------------------
+# Attention figures
+# ---------------------------------------------------------------------------
+
+def visualize_attention(model, image, points, transforms, colors=None, names=None, title=''):
+    """The attention figures of ``points`` on one image: one per point, and a sheet of all.
+
+    Runs the model once on the image (through the val ``transforms``, whole
+    image) with :func:`capture_attention`; for each point and each branch,
+    the map the branch predicts at the point's map cell (:func:`branch_map`:
+    collect, what it gathers from; distribute, where it sends to) is drawn as
+    a heat map over the image (:class:`MapGeometry`), beside the image with the
+    point marked and the predicted classes.
+
+    Args:
+        model (paddle.nn.Layer): a PSANet with its weights.
+        image (np.ndarray): the BGR uint8 image as read.
+        points (list): ``(x, y)`` pixels of ``image`` (or ``'x,y'`` strings).
+        transforms (list): the val transforms (paddleseg transform objects).
+        colors (list, optional): flat palette (:func:`psanet.contract.color_map`).
+            Default: paddleseg's default palette.
+        names (list, optional): class names. Default: :func:`class_names`.
+        title (str, optional): starts the line above each figure, e.g. the image's name.
+
+    Returns:
+        tuple: ``(figures, sheet)``: a BGR uint8 image per point, and all of them
+        stacked (a row per point).
+
+    Raises:
+        ConfigError: a point outside the image, or a model without PSA branches.
+    """
+    from paddleseg.transforms import Compose
+    from psanet.core import inference
+    points = parse_points(points)
+    check_points(points, image.shape[:2], title)
+    data = Compose(list(transforms))({'img': image.astype('float32'), 'trans_info': []})
+    tensor = paddle.to_tensor(data['img'][np.newaxis])
+    model.eval()
+    with paddle.no_grad(), capture_attention(model) as records:
+        logit = inference.inference(model, tensor, data['trans_info'])
+    if not records:  # a forward turned into a static program runs no Python hooks
+        raise RuntimeError(f'{type(model).__name__} ran without calling its PSA branches in '
+                           'dygraph (converted by paddle.jit.to_static?): pass the model as built.')
+    label = paddle.argmax(logit, axis=1).numpy()[0].astype('int64')
+    if label.shape != image.shape[:2]:
+        label = cv2.resize(label.astype(np.int32), (image.shape[1], image.shape[0]),
+                           interpolation=cv2.INTER_NEAREST).astype('int64')
+    num_classes = int(logit.shape[1])
+    names = list(names) if names is not None else class_names(num_classes)
+    palette = np.asarray(colors or color_map(num_classes), np.uint8).reshape(-1, 3)[:, ::-1]
+    geometries = [MapGeometry(tuple(image.shape[:2]), tuple(data['img'].shape[1:]),
+                              tuple(data['trans_info']), record.feature_size, record.map_size,
+                              bool(getattr(model, 'align_corners', False)))
+                  for record in records]
+    figures = [_point_figure(image, point, records, geometries, (label, palette), names)
+               for point in points]
+    figures = [np.vstack([_text_band(figure.shape[1], [f'{title}   point p = ({x}, {y})'.strip()],
+                                     0.6, (235, 235, 235), 2), figure])
+               for figure, (x, y) in zip(figures, points)]
+    return figures, _vstack(figures)
+
+
+def _write_png(path, image):
+    """Writes ``image`` as a PNG at ``path`` whole: a temporary file beside it, then renamed."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    ok, encoded = cv2.imencode('.png', image)
+    if not ok:
+        raise OSError(f'cannot encode {path} as PNG.')
+    handle, temporary = tempfile.mkstemp(prefix='.' + os.path.basename(path), suffix='.tmp',
+                                         dir=folder)
+    try:
+        with os.fdopen(handle, 'wb') as f:
+            f.write(encoded.tobytes())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)  # mkstemp's 0600 -> what open() would give
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+        raise
+    return path
+
+
+def _read_image(image_path):
+    if not os.path.isfile(image_path):
+        raise ConfigError(f'--image_path {image_path} is not an image file (cwd {os.getcwd()}): '
+                          'pass one image.')
+    image = cv2.imread(image_path, cv2.IMREAD_COLOR)
+    if image is None:
+        raise DatasetError(unreadable_image(image_path, 'pass another image.'))
+    return image
+
+
+def visualize_attention_from_config(config, model_path, image_path, points, save_dir,
+                                    device=None, opts=None, psa_impl=None):
+    """tools/visualize_attention.py: the attention figures of ``points`` on one image.
+
+    Writes ``<save_dir>/<image stem>_attention_x<x>_y<y>.png`` per point and
+    ``<save_dir>/<image stem>_attention_sheet.png`` with all of them.
+
+    Args:
+        config (str): the config the weights were trained with.
+        model_path (str): model.pdparams or a checkpoint folder.
+        image_path (str): one image.
+        points (list): ``'x,y'`` strings (or pairs) in image pixels.
+        save_dir (str): output folder (made when missing).
+        device (str, optional): 'cpu' or 'gpu'; None: gpu when there is one.
+        opts (list, optional): ``key=value`` config overrides.
+        psa_impl (str, optional): 'custom' or 'paddle' PSA mask op. Default: 'custom'.
+
+    Returns:
+        list: the written paths, the per-point figures first, the sheet last.
+    """
+    from psanet.core.checkpoint import load_model_weights, resolve_weights_path
+    from psanet.core.config import ComponentBuilder, load_config
+    from psanet.core.runtime import set_device
+    from psanet.log import get_logger
+    set_device(device)
+    resolve_weights_path(model_path)  # wrong paths and points fail before any building
+    check_save_dir(save_dir)
+    points = parse_points(points)
+    image = _read_image(image_path)
+    check_points(points, image.shape[:2], image_path)
+    cfg = load_config(config, opts=opts)
+    builder = ComponentBuilder(cfg, weights_follow=True)
+    model = builder.model
+    _psa_branches(model)  # before the weights, which would not fit such a config anyway
+    logger = get_logger()
+    logger.info(f'Loaded weights {load_model_weights(model, model_path)}')
+    val_class = builder.val_dataset_class if cfg.val_dataset_cfg else None
+    num_classes = int(model.num_classes)
+    colors = color_map(num_classes, cityscapes=palette_for(val_class) == 'cityscapes')
+    with use_psa_impl(psa_impl) if psa_impl else contextlib.nullcontext():
+        figures, sheet = visualize_attention(model, image, points, builder.val_transforms,
+                                             colors, class_names(num_classes, val_class),
+                                             os.path.basename(image_path))
+    stem = os.path.splitext(os.path.basename(image_path))[0]
+    paths = [_write_png(os.path.join(save_dir, f'{stem}_attention_x{x}_y{y}.png'), figure)
+             for figure, (x, y) in zip(figures, points)]
+    paths.append(_write_png(os.path.join(save_dir, f'{stem}_attention_sheet.png'), sheet))
+    logger.info(f'Attention at {len(points)} point{"s" * (len(points) > 1)} written to '
+                f'{save_dir}: {os.path.basename(paths[-1])} and one PNG per point.')
+    return paths
+
+
+# ---------------------------------------------------------------------------
+# Evaluation figures
+# ---------------------------------------------------------------------------
+
+def class_names(num_classes, dataset=None):
+    """Names of the classes: Cityscapes' 19 train ids, else ``'class 0'``, ``'class 1'``, ...
+
+    Args:
+        num_classes (int): number of classes.
+        dataset (object, optional): the dataset or its class; None counts 19 classes as
+            Cityscapes'. Default: None.
+    """
+    dataset_class = dataset if dataset is None or isinstance(dataset, type) else type(dataset)
+    if num_classes == 19 and (dataset is None or palette_for(dataset_class) == 'cityscapes'):
+        from cityscapesscripts.helpers.labels import labels
+        names = {label.trainId: label.name for label in labels if 0 <= label.trainId < 255}
+        return [names[i] for i in range(num_classes)]
+    return [f'class {i}' for i in range(num_classes)]
+
+
+def normalized_confusion(confusion):
+    """Each row of a confusion matrix divided by its sum: float64, NaN rows for classes
+    without ground-truth pixels."""
+    confusion = np.asarray(confusion, np.float64)
+    totals = confusion.sum(axis=1, keepdims=True)
+    with np.errstate(invalid='ignore', divide='ignore'):
+        return np.where(totals > 0, confusion / totals, np.nan)
+
+
+def _text_width(text, scale):
+    return cv2.getTextSize(text, _FONT, scale, 1)[0][0]
+
+
+def iou_bar_chart(class_iou, class_names, miou):
+    """A horizontal bar per class (its name, its IoU) and a vertical line at the mIoU.
+
+    Args:
+        class_iou (np.ndarray): [C] IoU per class.
+        class_names (list): C names.
+        miou (float): the mean IoU.
+
+    Returns:
+        np.ndarray: BGR uint8 image.
+    """
+    class_iou = np.asarray(class_iou, np.float64)
+    scale, row_height, bar_width = 0.5, 24, 500
+    left = max(_text_width(name, scale) for name in class_names) + 16
+    top, bottom = 56, 36
+    height = top + row_height * len(class_iou) + bottom
+    width = left + bar_width + 70
+    image = np.full((height, width, 3), 255, np.uint8)
+    cv2.putText(image, f'Per-class IoU ({len(class_iou)} classes)', (8, 22), _FONT, 0.6, _BLACK,
+                1, cv2.LINE_AA)
+    for tick in np.linspace(0, 1, 6):
+        x = left + int(round(tick * bar_width))
+        cv2.line(image, (x, top - 4), (x, height - bottom), (225, 225, 225), 1)
+        cv2.putText(image, f'{tick:.1f}', (x - 10, height - bottom + 18), _FONT, 0.45, _BLACK, 1,
+                    cv2.LINE_AA)
+    cv2.putText(image, 'IoU', (left + bar_width // 2 - 12, height - 4), _FONT, 0.45, _BLACK, 1,
+                cv2.LINE_AA)
+    values = []
+    for i, (name, iou) in enumerate(zip(class_names, class_iou)):
+        y = top + i * row_height
+        cv2.putText(image, name, (left - 8 - _text_width(name, scale), y + 16), _FONT, scale,
+                    _BLACK, 1, cv2.LINE_AA)
+        if np.isnan(iou):
+            values.append(('n/a', left + 4, y))
+            continue
+        end = left + int(round(np.clip(iou, 0, 1) * bar_width))
+        cv2.rectangle(image, (left, y + 3), (max(end, left + 1), y + row_height - 3),
+                      (180, 119, 31), -1)
+        values.append((f'{iou:.3f}', end + 4, y))
+    x = left + int(round(np.clip(miou, 0, 1) * bar_width))
+    cv2.line(image, (x, top - 6), (x, height - bottom), (40, 40, 220), 2)
+    label = f'mIoU {miou:.4f}'
+    label_x = min(max(x - _text_width(label, 0.5) // 2, left), width - _text_width(label, 0.5) - 4)
+    cv2.putText(image, label, (label_x, top - 12), _FONT, 0.5, (40, 40, 220), 1, cv2.LINE_AA)
+    for text, x, y in values:  # over the mIoU line, on white
+        cv2.rectangle(image, (x - 1, y + 4), (x + _text_width(text, 0.45) + 1, y + 20), _WHITE, -1)
+        cv2.putText(image, text, (x, y + 16), _FONT, 0.45, _BLACK, 1, cv2.LINE_AA)
+    return image
+
+
+def _blues(values):
+    """[...] values in 0..1 -> BGR from white to dark blue."""
+    low, high = np.array(_WHITE, np.float64), np.array((107, 48, 8), np.float64)
+    values = np.clip(np.asarray(values, np.float64), 0, 1)[..., None]
+    return (low + (high - low) * values).round().astype(np.uint8)
+
+
+def _vertical_text(text, scale, colour=_BLACK):
+    """``text`` drawn bottom to top, on white."""
+    (text_width, text_height), base = cv2.getTextSize(text, _FONT, scale, 1)
+    band = np.full((text_height + base + 4, text_width + 4, 3), 255, np.uint8)
+    cv2.putText(band, text, (2, text_height + 2), _FONT, scale, colour, 1, cv2.LINE_AA)
+    return cv2.rotate(band, cv2.ROTATE_90_COUNTERCLOCKWISE)
+
+
+def confusion_matrix_image(confusion, class_names):
+    """The row-normalised confusion matrix (rows ground truth, columns prediction).
+
+    Each cell is the share of the row class's ground-truth pixels predicted as
+    the column class (:func:`normalized_confusion`), in percent, white (0) to
+    dark blue (100); a class without ground-truth pixels is a grey row.
+
+    Args:
+        confusion (np.ndarray): [C, C] pixel counts, rows ground truth.
+        class_names (list): C names.
+
+    Returns:
+        np.ndarray: BGR uint8 image.
+    """
+    shares = normalized_confusion(confusion)
+    count = len(shares)
+    cell = 30 if count <= 30 else max(8, 900 // count)
+    scale = 0.45 if cell >= 20 else 0.35
+    name_width = max(_text_width(name, scale) for name in class_names) + 12
+    left, top = 28 + name_width, 64 + name_width
+    matrix_size = cell * count
+    title = 'Confusion matrix, % of each ground-truth class'
+    height = top + matrix_size + 20
+    width = max(left + matrix_size + 90, _text_width(title, 0.6) + 16)
+    image = np.full((height, width, 3), 255, np.uint8)
+    cv2.putText(image, title, (8, 22), _FONT, 0.6, _BLACK, 1, cv2.LINE_AA)
+    cv2.putText(image, 'prediction', (left + matrix_size // 2 - 40, 48), _FONT, 0.5, _BLACK, 1,
+                cv2.LINE_AA)
+    axis = _vertical_text('ground truth', 0.5)
+    y = top + max(0, (matrix_size - axis.shape[0]) // 2)
+    image[y:y + axis.shape[0], 4:4 + axis.shape[1]] = axis[:height - y]
+    for i, name in enumerate(class_names):
+        y = top + i * cell
+        cv2.putText(image, name, (left - 6 - _text_width(name, scale), y + cell // 2 + 5), _FONT,
+                    scale, _BLACK, 1, cv2.LINE_AA)
+        label = _vertical_text(name, scale)
+        x = left + i * cell + (cell - label.shape[1]) // 2
+        image[top - 6 - label.shape[0]:top - 6, x:x + label.shape[1]] = label
+    empty = np.isnan(shares).all(axis=1)
+    for i in range(count):
+        y = top + i * cell
+        if empty[i]:
+            image[y:y + cell, left:left + matrix_size] = (235, 235, 235)
+            continue
+        image[y:y + cell, left:left + matrix_size] = np.repeat(
+            np.repeat(_blues(shares[i])[None], cell, axis=0), cell, axis=1)
+        if cell < 20:
+            continue
+        for j, share in enumerate(shares[i]):
+            if share >= 0.005:
+                text = f'{100 * share:.0f}'
+                x = left + j * cell + (cell - _text_width(text, 0.4)) // 2
+                cv2.putText(image, text, (x, y + cell // 2 + 5), _FONT, 0.4,
+                            _WHITE if share > 0.5 else _BLACK, 1, cv2.LINE_AA)
+    for k in range(count + 1):
+        cv2.line(image, (left, top + k * cell), (left + matrix_size, top + k * cell),
+                 (210, 210, 210), 1)
+        cv2.line(image, (left + k * cell, top), (left + k * cell, top + matrix_size),
+                 (210, 210, 210), 1)
+    for k in np.flatnonzero(~empty):  # the diagonal, the correct predictions, outlined
+        corner = left + k * cell, top + k * cell
+        cv2.rectangle(image, corner, (corner[0] + cell, corner[1] + cell), (60, 60, 60), 1)
+    for k in np.flatnonzero(empty):
+        cv2.putText(image, 'no ground-truth pixels', (left + 6, top + k * cell + cell // 2 + 5),
+                    _FONT, scale, _GREY, 1, cv2.LINE_AA)
+    bar_x = left + matrix_size + 16
+    ramp = _blues(np.linspace(1, 0, matrix_size))[:, None]
+    image[top:top + matrix_size, bar_x:bar_x + 16] = np.repeat(ramp, 16, axis=1)
+    cv2.rectangle(image, (bar_x, top), (bar_x + 15, top + matrix_size - 1), _GREY, 1)
+    for share, y in ((1, top + 10), (0.5, top + matrix_size // 2 + 5), (0, top + matrix_size)):
+        cv2.putText(image, f'{100 * share:.0f}%', (bar_x + 20, y), _FONT, 0.45, _BLACK, 1,
+                    cv2.LINE_AA)
+    return image
+
+
+def _evaluation_images(result, class_names):
+    return {'class_iou': iou_bar_chart(result['class_iou'], class_names, result['miou']),
+            'confusion_matrix': confusion_matrix_image(result['confusion_matrix'], class_names)}
+
+
+def write_evaluation_figures(result, class_names, save_dir):
+    """Writes ``class_iou.png`` and ``confusion_matrix.png`` of an evaluation into ``save_dir``.
+
+    Args:
+        result (dict): from ``psanet.core.val.evaluate``: ``class_iou``, ``miou`` and
+            ``confusion_matrix`` ([C, C], rows ground truth).
+        class_names (list): C names (:func:`class_names`).
+        save_dir (str): folder, made when missing; each file is written whole.
+
+    Returns:
+        list: the two paths.
+    """
+    return [_write_png(os.path.join(save_dir, f'{name}.png'), image)
+            for name, image in _evaluation_images(result, class_names).items()]
+
+
+def log_evaluation_figures(writer, result, class_names, step):
+    """Logs the two figures of :func:`write_evaluation_figures` to a VisualDL ``LogWriter``
+    as ``Evaluate/class_iou`` and ``Evaluate/confusion_matrix`` (RGB, HWC) at ``step``."""
+    for name, image in _evaluation_images(result, class_names).items():
+        writer.add_image(f'Evaluate/{name}', cv2.cvtColor(image, cv2.COLOR_BGR2RGB), step)
