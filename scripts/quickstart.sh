@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # README's Quick start: set up, then the main job on the built-in mini Cityscapes, on the CPU:
 # generate data -> train PSANet (small config) -> evaluate with --aug_eval --flip_horizontal
-# -> predict a few images -> export -> run the exported model with Paddle Inference.
+# -> predict a few images -> export -> run the exported model with Paddle Inference
+# -> draw the attention of a few pixels.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
@@ -14,37 +15,43 @@ VAL_IMAGES=$DATA/leftImg8bit/val
 
 step() { printf '\n=== %s ===\n' "$*"; }
 
-step "1/6 generate the mini Cityscapes in $DATA"
+step "1/7 generate the mini Cityscapes in $DATA"
 python tools/make_mini_cityscapes.py --out "$DATA" --num_train 40 --num_val 10 --seed 0
 
-step "2/6 train ($CONFIG; --overwrite: a rerun starts this demo run over)"
+step "2/7 train ($CONFIG; --overwrite: a rerun starts this demo run over)"
 python train.py --config "$CONFIG" --device cpu --save_dir "$OUT/train" --do_eval \
     --save_interval 100 --log_iters 10 --seed 0 --keep_checkpoint_max 1 --overwrite
 
 MODEL=$OUT/train/best_model/model.pdparams
-step "3/6 evaluate with --aug_eval --flip_horizontal"
+step "3/7 evaluate with --aug_eval --flip_horizontal"
 python val.py --config "$CONFIG" --model_path "$MODEL" --device cpu --aug_eval --flip_horizontal \
     --save_dir "$OUT/val_labelIds" | tee "$OUT/val.txt"
 
-step "4/6 predict the val images"
+step "4/7 predict the val images"
 python predict.py --config "$CONFIG" --model_path "$MODEL" --device cpu --image_path "$VAL_IMAGES" \
     --save_dir "$OUT/predict"
 
-step "5/6 export (dynamic input shape) and compare with the dynamic model"
+step "5/7 export (dynamic input shape) and compare with the dynamic model"
 python export.py --config "$CONFIG" --model_path "$MODEL" --save_dir "$OUT/inference_model" \
     --check_image_path "$VAL_IMAGES"
 
-step "6/6 run the exported model with Paddle Inference"
+step "6/7 run the exported model with Paddle Inference"
 python deploy/python/infer.py --config "$OUT/inference_model/deploy.yaml" --image_path "$VAL_IMAGES" \
     --device cpu --save_dir "$OUT/infer"
+
+step "7/7 draw where four pixels collect from and distribute to"
+python tools/visualize_attention.py --config "$CONFIG" --model_path "$MODEL" --device cpu \
+    --image_path "$VAL_IMAGES/frankfurt/frankfurt_000000_000019_leftImg8bit.png" \
+    --points 40,100 128,64 0,0 250,20 --save_dir "$OUT/attention"
 
 cat <<MSG
 
 Quick start done. Results:
   training log and checkpoints   $OUT/train/ (best model: $MODEL)
-  evaluation (mIoU, per class)   $OUT/val.txt
+  evaluation (mIoU, per class)   $OUT/val.txt, drawn in $OUT/val_labelIds/class_iou.png and confusion_matrix.png
   Cityscapes *_labelIds.png      $OUT/val_labelIds/
   predictions and overlays       $OUT/predict/pseudo_color_prediction/, $OUT/predict/added_prediction/
   exported model                 $OUT/inference_model/ (model.json, model.pdiparams, deploy.yaml)
   Paddle Inference outputs       $OUT/infer/
+  attention of four pixels       $OUT/attention/ (one PNG per pixel, and a sheet of all)
 MSG
