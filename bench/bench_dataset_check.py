@@ -5,8 +5,8 @@
 Generates a mini Cityscapes in a temporary folder and times, in one run,
 validate_dataset with an empty cache (every image header and label read) and
 again with the cache it wrote (nothing read; the files are dated an hour
-back, as a downloaded dataset's are), and the old first-and-last-8
-sampling for comparison. Prints medians over --rounds and the ratios.
+back, as a downloaded dataset's are), and, for comparison, a check that reads
+only the first and last 8 labels. Prints medians over --rounds and the ratios.
 """
 import argparse
 import os

@@ -42,7 +42,7 @@ def main():
         os.environ[name] = str(args.cpu_threads)
     import numpy as np
     import paddle
-    import psanet  # noqa: F401
+    import psanet.compat  # noqa: F401  (filters Paddle's ccache notice)
     from psanet.core.checkpoint import load_model_weights
     from psanet.core.config import ComponentBuilder, load_config
     from psanet.contract import get_image_list

@@ -1,8 +1,8 @@
-"""Ranks sharing one machine: time per step with the op's CPU threads as before and now.
+"""Ranks sharing one machine: time per step with the op on every hardware thread, or on Paddle's.
 
-Before, every process ran the PSA mask op on every hardware thread
-(``PSA_MASK_NUM_THREADS`` = the CPU count reproduces that); now the op takes
-the thread count the process gives Paddle, which is 1 in a rank that
+``PSA_MASK_NUM_THREADS`` = the CPU count runs the PSA mask op on every hardware
+thread in every process; by default the op takes the thread count the process
+gives Paddle, which is 1 in a rank that
 ``paddle.distributed.launch`` starts (``import paddle`` sets
 ``OMP_NUM_THREADS=1`` when it is unset). For each workload and rank count it
 starts that many processes at once (released together once all are warm),
@@ -69,7 +69,7 @@ def train_step(batch):
     import paddle.nn.functional as F
     from paddleseg.cvlibs import Config, SegBuilder
 
-    import psanet  # noqa: F401  (registers PSANet)
+    import psanet.models  # noqa: F401  (registers PSANet)
     config, = glob.glob(os.path.join(ROOT, 'configs', 'psanet', '*mini*.yml'))
     cfg = Config(config)
     cfg.dic['model']['pretrained'] = None
