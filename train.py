@@ -38,7 +38,8 @@ def parse_args(argv=None):
     parser.add_argument('--num_workers', type=int, default=0, help='DataLoader worker processes.')
     parser.add_argument('--do_eval', action='store_true',
                         help='Evaluate every save_interval and keep best_model/.')
-    parser.add_argument('--use_vdl', action='store_true', help='Write VisualDL scalars.')
+    parser.add_argument('--use_vdl', action='store_true',
+                        help='Write VisualDL scalars, and the evaluation figures as images.')
     parser.add_argument('--resume_model', default=None, help='An iter_N folder to continue from.')
     parser.add_argument('--overwrite', action='store_true',
                         help='Delete the checkpoints (iter_N, best_model) another run left in '

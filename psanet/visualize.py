@@ -1,14 +1,15 @@
-"""What the model does, as pictures: PSANet's attention for chosen pixels, and evaluations.
+"""What the model does, as pictures: PSANet's attention at chosen pixels, and evaluations.
 
 :func:`capture_attention` records, while a model runs, the attention map each
 PSA branch aggregates with (forward hooks, installed only inside the block);
-:func:`point_maps` reads the maps of one position; tools/visualize_attention.py
-(:func:`visualize_attention_from_config`) draws them over the image beside the
-prediction. :func:`iou_bar_chart` and :func:`confusion_matrix_image` draw an
-evaluation's per-class IoU and row-normalised confusion matrix; val.py and
-training's VisualDL log write them (:func:`write_evaluation_figures`,
-:func:`log_evaluation_figures`). OpenCV draws everything. The engine and
-paddleseg are imported only by the function that builds a model from a config.
+:func:`point_maps` reads the maps of one position and :func:`attention_figures`
+draws them over the image beside the prediction (the engine runs the model:
+:mod:`psanet.core.attention`, tools/visualize_attention.py).
+:func:`iou_bar_chart` and :func:`confusion_matrix_image` draw an evaluation's
+per-class IoU and row-normalised confusion matrix; val.py and training's
+VisualDL log write them (:func:`write_evaluation_figures`,
+:func:`log_evaluation_figures`). OpenCV draws everything; this module imports
+nothing of the engine, the models or paddleseg.
 """
 import contextlib
 import dataclasses
@@ -21,13 +22,13 @@ import cv2
 import numpy as np
 import paddle
 
-from psanet.contract import check_save_dir, color_map, palette_for
-from psanet.errors import ConfigError, DatasetError, unreadable_image
-from psanet.ops import COLLECT, DISTRIBUTE, psa_impl as use_psa_impl
+from psanet.contract import palette_for
+from psanet.errors import ConfigError
+from psanet.ops import COLLECT, DISTRIBUTE
 
 __all__ = ['AttentionRecord', 'MapGeometry', 'capture_attention', 'point_maps', 'branch_map',
-           'parse_points', 'check_points', 'visualize_attention',
-           'visualize_attention_from_config', 'class_names', 'normalized_confusion',
+           'parse_points', 'check_points', 'psa_branches', 'attention_figures', 'write_png',
+           'class_names', 'normalized_confusion',
            'iou_bar_chart', 'confusion_matrix_image', 'write_evaluation_figures',
            'log_evaluation_figures', 'EVALUATION_FIGURES']
 
@@ -62,7 +63,7 @@ class AttentionRecord:
     feature_size: tuple
 
 
-def _psa_branches(model):
+def psa_branches(model):
     """The model's PSA branches; ConfigError when it has none (``use_psa: false``)."""
     # PSABranch by what it has, so that this module does not import the models.
     branches = [layer for layer in model.sublayers(include_self=True)
@@ -112,7 +113,7 @@ def capture_attention(model):
     Raises:
         ConfigError: when the model has no PSA branch (``use_psa: false``).
     """
-    branches = _psa_branches(model)
+    branches = psa_branches(model)
     records, handles = [], []
     try:
         for branch in branches:
@@ -398,57 +399,29 @@ def _name(names, cls):
 # Attention figures
 # ---------------------------------------------------------------------------
 
-def visualize_attention(model, image, points, transforms, colors=None, names=None, title=''):
-    """The attention figures of ``points`` on one image: one per point, and a sheet of all.
+def attention_figures(image, points, records, geometries, prediction, names, title=''):
+    """The attention figures of ``points``: one per point, and a sheet of all.
 
-    Runs the model once on the image (through the val ``transforms``, whole
-    image) with :func:`capture_attention`; for each point and each branch,
-    the map the branch predicts at the point's map cell (:func:`branch_map`:
-    collect, what it gathers from; distribute, where it sends to) is drawn as
-    a heat map over the image (:class:`MapGeometry`), beside the image with the
-    point marked and the predicted classes.
+    For each point and each branch, the map the branch predicts at the point's
+    map cell (:func:`branch_map`: collect, what it gathers from; distribute,
+    where it sends to) is drawn as a heat map over the image, beside the image
+    with the point marked and the predicted classes.
 
     Args:
-        model (paddle.nn.Layer): a PSANet with its weights.
         image (np.ndarray): the BGR uint8 image as read.
-        points (list): ``(x, y)`` pixels of ``image`` (or ``'x,y'`` strings).
-        transforms (list): the val transforms (paddleseg transform objects).
-        colors (list, optional): flat palette (:func:`psanet.contract.color_map`).
-            Default: paddleseg's default palette.
-        names (list, optional): class names. Default: :func:`class_names`.
+        points (list): ``(x, y)`` pixels of ``image``, checked (:func:`check_points`).
+        records (list): the :class:`AttentionRecord` of each branch, from one forward.
+        geometries (list): the :class:`MapGeometry` of each record.
+        prediction (tuple): ``(label, palette)``: int class ids at the image size, and
+            the BGR palette as a [C, 3] uint8 array.
+        names (list): class names.
         title (str, optional): starts the line above each figure, e.g. the image's name.
 
     Returns:
         tuple: ``(figures, sheet)``: a BGR uint8 image per point, and all of them
         stacked (a row per point).
-
-    Raises:
-        ConfigError: a point outside the image, or a model without PSA branches.
     """
-    from paddleseg.transforms import Compose
-    from psanet.core import inference
-    points = parse_points(points)
-    check_points(points, image.shape[:2], title)
-    data = Compose(list(transforms))({'img': image.astype('float32'), 'trans_info': []})
-    tensor = paddle.to_tensor(data['img'][np.newaxis])
-    model.eval()
-    with paddle.no_grad(), capture_attention(model) as records:
-        logit = inference.inference(model, tensor, data['trans_info'])
-    if not records:  # a forward turned into a static program runs no Python hooks
-        raise RuntimeError(f'{type(model).__name__} ran without calling its PSA branches in '
-                           'dygraph (converted by paddle.jit.to_static?): pass the model as built.')
-    label = paddle.argmax(logit, axis=1).numpy()[0].astype('int64')
-    if label.shape != image.shape[:2]:
-        label = cv2.resize(label.astype(np.int32), (image.shape[1], image.shape[0]),
-                           interpolation=cv2.INTER_NEAREST).astype('int64')
-    num_classes = int(logit.shape[1])
-    names = list(names) if names is not None else class_names(num_classes)
-    palette = np.asarray(colors or color_map(num_classes), np.uint8).reshape(-1, 3)[:, ::-1]
-    geometries = [MapGeometry(tuple(image.shape[:2]), tuple(data['img'].shape[1:]),
-                              tuple(data['trans_info']), record.feature_size, record.map_size,
-                              bool(getattr(model, 'align_corners', False)))
-                  for record in records]
-    figures = [_point_figure(image, point, records, geometries, (label, palette), names)
+    figures = [_point_figure(image, point, records, geometries, prediction, names)
                for point in points]
     figures = [np.vstack([_text_band(figure.shape[1], [f'{title}   point p = ({x}, {y})'.strip()],
                                      0.6, (235, 235, 235), 2), figure])
@@ -456,7 +429,7 @@ def visualize_attention(model, image, points, transforms, colors=None, names=Non
     return figures, _vstack(figures)
 
 
-def _write_png(path, image):
+def write_png(path, image):
     """Writes ``image`` as a PNG at ``path`` whole: a temporary file beside it, then renamed."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
@@ -477,68 +450,6 @@ def _write_png(path, image):
             os.remove(temporary)
         raise
     return path
-
-
-def _read_image(image_path):
-    if not os.path.isfile(image_path):
-        raise ConfigError(f'--image_path {image_path} is not an image file (cwd {os.getcwd()}): '
-                          'pass one image.')
-    image = cv2.imread(image_path, cv2.IMREAD_COLOR)
-    if image is None:
-        raise DatasetError(unreadable_image(image_path, 'pass another image.'))
-    return image
-
-
-def visualize_attention_from_config(config, model_path, image_path, points, save_dir,
-                                    device=None, opts=None, psa_impl=None):
-    """tools/visualize_attention.py: the attention figures of ``points`` on one image.
-
-    Writes ``<save_dir>/<image stem>_attention_x<x>_y<y>.png`` per point and
-    ``<save_dir>/<image stem>_attention_sheet.png`` with all of them.
-
-    Args:
-        config (str): the config the weights were trained with.
-        model_path (str): model.pdparams or a checkpoint folder.
-        image_path (str): one image.
-        points (list): ``'x,y'`` strings (or pairs) in image pixels.
-        save_dir (str): output folder (made when missing).
-        device (str, optional): 'cpu' or 'gpu'; None: gpu when there is one.
-        opts (list, optional): ``key=value`` config overrides.
-        psa_impl (str, optional): 'custom' or 'paddle' PSA mask op. Default: 'custom'.
-
-    Returns:
-        list: the written paths, the per-point figures first, the sheet last.
-    """
-    from psanet.core.checkpoint import load_model_weights, resolve_weights_path
-    from psanet.core.config import ComponentBuilder, load_config
-    from psanet.core.runtime import set_device
-    from psanet.log import get_logger
-    set_device(device)
-    resolve_weights_path(model_path)  # wrong paths and points fail before any building
-    check_save_dir(save_dir)
-    points = parse_points(points)
-    image = _read_image(image_path)
-    check_points(points, image.shape[:2], image_path)
-    cfg = load_config(config, opts=opts)
-    builder = ComponentBuilder(cfg, weights_follow=True)
-    model = builder.model
-    _psa_branches(model)  # before the weights, which would not fit such a config anyway
-    logger = get_logger()
-    logger.info(f'Loaded weights {load_model_weights(model, model_path)}')
-    val_class = builder.val_dataset_class if cfg.val_dataset_cfg else None
-    num_classes = int(model.num_classes)
-    colors = color_map(num_classes, cityscapes=palette_for(val_class) == 'cityscapes')
-    with use_psa_impl(psa_impl) if psa_impl else contextlib.nullcontext():
-        figures, sheet = visualize_attention(model, image, points, builder.val_transforms,
-                                             colors, class_names(num_classes, val_class),
-                                             os.path.basename(image_path))
-    stem = os.path.splitext(os.path.basename(image_path))[0]
-    paths = [_write_png(os.path.join(save_dir, f'{stem}_attention_x{x}_y{y}.png'), figure)
-             for figure, (x, y) in zip(figures, points)]
-    paths.append(_write_png(os.path.join(save_dir, f'{stem}_attention_sheet.png'), sheet))
-    logger.info(f'Attention at {len(points)} point{"s" * (len(points) > 1)} written to '
-                f'{save_dir}: {os.path.basename(paths[-1])} and one PNG per point.')
-    return paths
 
 
 # ---------------------------------------------------------------------------
@@ -715,8 +626,9 @@ def confusion_matrix_image(confusion, class_names):
 
 
 def _evaluation_images(result, class_names):
-    return {'class_iou': iou_bar_chart(result['class_iou'], class_names, result['miou']),
-            'confusion_matrix': confusion_matrix_image(result['confusion_matrix'], class_names)}
+    chart, matrix = EVALUATION_FIGURES
+    return {chart: iou_bar_chart(result['class_iou'], class_names, result['miou']),
+            matrix: confusion_matrix_image(result['confusion_matrix'], class_names)}
 
 
 def write_evaluation_figures(result, class_names, save_dir):
@@ -731,7 +643,7 @@ def write_evaluation_figures(result, class_names, save_dir):
     Returns:
         list: the two paths.
     """
-    return [_write_png(os.path.join(save_dir, f'{name}.png'), image)
+    return [write_png(os.path.join(save_dir, f'{name}.png'), image)
             for name, image in _evaluation_images(result, class_names).items()]
 
 

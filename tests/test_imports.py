@@ -157,18 +157,27 @@ def test_importing_the_op_package_loads_no_training_stack():
     assert not [m for m in loaded if m.startswith(ENGINE_PREFIXES)], loaded
 
 
-def test_setup_py_loads_no_training_stack():
-    # `python setup.py --name`, run in this interpreter so that its modules can be listed.
+@pytest.mark.parametrize('command', [['--name'], ['-q', 'build_py']])
+def test_setup_py_loads_no_training_stack(command, tmp_path):
+    # setup.py run in this interpreter, so that its modules can be listed; build_py imports
+    # the op's build module (its compiler stubbed: the modules are the point here).
+    argv = ['setup.py'] + command + (['--build-lib', str(tmp_path)] if 'build_py' in command
+                                     else [])
     loaded = _loaded_after(
         'import contextlib, io, runpy, sys\n'
-        "sys.argv = ['setup.py', '--name']\n"
+        'import psanet.ops.build\n'
+        'psanet.ops.build.compile_library = lambda target, **kwargs: open(target, "w").close()\n'
+        f'sys.argv = {argv!r}\n'
         'with contextlib.redirect_stdout(io.StringIO()) as out:\n'
         '    try:\n'
         "        runpy.run_path('setup.py', run_name='__main__')\n"
-        '    except SystemExit:\n'
-        '        pass\n'
-        "assert out.getvalue().strip() == 'psanet', out.getvalue()")
+        '    except SystemExit as stop:\n'
+        '        assert not stop.code, stop.code\n'
+        "assert 'build_py' in sys.argv or out.getvalue().strip() == 'psanet', out.getvalue()")
+    assert 'psanet.ops.build' in loaded
     assert not [m for m in loaded if m.startswith(ENGINE_PREFIXES)], loaded
+    if 'build_py' in command:
+        assert (tmp_path / 'psanet' / 'ops' / 'psa_mask_op.so').is_file()
 
 
 def test_importing_the_package_loads_nothing_else():

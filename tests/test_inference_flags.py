@@ -40,14 +40,14 @@ def flags(argv):
     return {name: args[name] for name in INFERENCE_FLAGS}
 
 
-def check_inference_flags(given, aug_flag, test_config=None):
+def options_from(given, aug_flag, test_config=None):
     return InferenceOptions.from_flags(given, test_config, aug_flag)
 
 
 @pytest.mark.parametrize('argv, lonely, needed', NEEDS)
 def test_a_flag_without_the_flag_it_needs(argv, lonely, needed):
     with pytest.raises(ConfigError) as error:
-        check_inference_flags(flags(argv), '--aug_eval')
+        options_from(flags(argv), '--aug_eval')
     message = str(error.value)
     assert message.startswith(f'{lonely} only acts with {needed}'), message
     assert f'add {needed} or drop {lonely}' in message
@@ -64,15 +64,15 @@ def test_a_flag_without_the_flag_it_needs(argv, lonely, needed):
      '64', '32'],
 ])
 def test_flags_that_act_pass(argv):
-    check_inference_flags(flags(argv), '--aug_eval')
+    options_from(flags(argv), '--aug_eval')
 
 
 def test_test_config_switches_count():
-    check_inference_flags(flags(['--scales', '0.5', '2.0']), '--aug_eval', {'aug_eval': True})
-    check_inference_flags(flags(['--crop_size', '64', '32']), '--aug_eval',
+    options_from(flags(['--scales', '0.5', '2.0']), '--aug_eval', {'aug_eval': True})
+    options_from(flags(['--crop_size', '64', '32']), '--aug_eval',
                           {'is_slide': True, 'stride': [32, 16]})
     with pytest.raises(ConfigError, match='--flip_vertical only acts with --aug_eval'):
-        check_inference_flags(flags(['--flip_vertical']), '--aug_eval', {'scales': [1.0]})
+        options_from(flags(['--flip_vertical']), '--aug_eval', {'scales': [1.0]})
 
 
 @pytest.mark.parametrize('argv, test_config, named', [
@@ -92,7 +92,7 @@ def test_test_config_switches_count():
 ])
 def test_bad_values(argv, test_config, named):
     with pytest.raises(ConfigError, match=re.escape(named)):
-        check_inference_flags(flags(argv), '--aug_eval', test_config)
+        options_from(flags(argv), '--aug_eval', test_config)
 
 
 def test_aug_combine_from_test_config_or_the_command_line():
@@ -104,15 +104,15 @@ def test_aug_combine_from_test_config_or_the_command_line():
                   aug_combine='logits').aug_combine == 'logits'
     assert merged({'aug_eval': True, 'aug_combine': 'softmax'},
                   aug_combine=None).aug_combine == 'softmax'
-    check_inference_flags(flags(['--aug_combine', 'softmax']), '--aug_eval', {'aug_eval': True})
+    options_from(flags(['--aug_combine', 'softmax']), '--aug_eval', {'aug_eval': True})
 
 
 def test_predict_names_its_own_flag():
-    check_inference_flags({'aug_pred': True, 'scales': [0.5]}, '--aug_pred')
+    options_from({'aug_pred': True, 'scales': [0.5]}, '--aug_pred')
     with pytest.raises(ConfigError, match='--scales only acts with --aug_pred'):
-        check_inference_flags({'aug_pred': None, 'scales': [0.5]}, '--aug_pred')
+        options_from({'aug_pred': None, 'scales': [0.5]}, '--aug_pred')
     # the config spells the switch aug_eval for both command lines
-    check_inference_flags({'scales': [0.5]}, '--aug_pred', {'aug_eval': True})
+    options_from({'scales': [0.5]}, '--aug_pred', {'aug_eval': True})
 
 
 def test_val_py_refuses_scales_without_aug_eval(tmp_path):

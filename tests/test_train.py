@@ -386,3 +386,25 @@ def test_train_py_end_to_end_and_exit_code(tmp_path, mini_cityscapes):
     assert bad.returncode == 2
     assert bad.stderr.startswith('error: ') and 'Traceback' not in bad.stderr, bad.stderr
     assert 'iters must be a positive integer' in bad.stderr
+
+
+def test_train_from_config_hands_train_the_config_and_the_flags(tmp_path, toy, monkeypatch):
+    """The options train() gets: the config's schedule (a flag overrides it), sync_bn, and
+    evaluations as test_config says, in the training's precision."""
+    from psanet.core import train as train_module
+    from psanet.core.options import InferenceOptions
+    config = helpers.toy_config(toy, iters=7, batch_size=2)
+    config['sync_bn'] = False
+    config['test_config'] = {'is_slide': True, 'crop_size': [32, 16], 'stride': [16, 8]}
+    path = helpers.write_config(tmp_path / 'toy.yml', config)
+    handed = []
+    monkeypatch.setattr(train_module, '_train', lambda *args: handed.append(args) or {})
+    train_from_config(path, device='cpu', save_dir=str(tmp_path / 'out'), batch_size=3,
+                      precision='fp16', amp_level='O2', log_iters=5, seed=4)
+    (_, _, _, _, options, val_dataset, _), = handed
+    assert val_dataset is None  # no --do_eval
+    assert (options.iters, options.batch_size, options.log_iters, options.seed) == (7, 3, 5, 4)
+    assert options.sync_bn is False and options.save_dir == str(tmp_path / 'out')
+    assert options.evaluation == InferenceOptions(is_slide=True, crop_size=(32, 16),
+                                                  stride=(16, 8), precision='fp16',
+                                                  amp_level='O2')

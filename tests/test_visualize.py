@@ -17,10 +17,11 @@ from psa_mask_reference import reference_forward
 from psanet.errors import ConfigError
 from psanet.models import PSANet
 from psanet.ops import psa_impl
+from psanet.core.attention import visualize_attention
 from psanet.visualize import (MapGeometry, branch_map, capture_attention, check_points,
                               class_names, confusion_matrix_image, iou_bar_chart,
                               log_evaluation_figures, normalized_confusion, parse_points,
-                              point_maps, visualize_attention, write_evaluation_figures)
+                              point_maps, write_evaluation_figures)
 
 NUM_CLASSES = 5
 INPUT_HW = (64, 96)         # ResNet18_vd at stride 8: an 8x12 feature,
@@ -229,10 +230,11 @@ def test_the_exported_program_is_unchanged_by_a_capture(tmp_path):
     used = tiny_psanet(2)
     with paddle.no_grad(), capture_attention(used) as records:
         used(random_input())
-    assert len(records) == 2
+        during_ops = _exported_ops(used, tmp_path / 'during')  # traced with the hooks on
+    assert len(records) == 2  # the trace recorded nothing
     used_ops = _exported_ops(used, tmp_path / 'used')
     fresh_ops = _exported_ops(tiny_psanet(2), tmp_path / 'fresh')
-    assert used_ops == fresh_ops
+    assert during_ops == used_ops == fresh_ops
     assert used_ops.count('1.softmax') == 2 and used_ops.count('3.psa_mask') == 2
 
 

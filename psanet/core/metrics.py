@@ -52,14 +52,18 @@ def confusion_matrix(pred, label, num_classes, ignore_index=255):
         whose label is ``ignore_index`` or whose label or prediction is not in
         0..C-1 are left out.
     """
-    pred, label = (np.asarray(a.numpy() if isinstance(a, paddle.Tensor) else a).astype('int64')
-                   .ravel() for a in (pred, label))
-    if pred.size != label.size:
-        raise ValueError(f'confusion_matrix: pred has {pred.size} pixels but label has '
-                         f'{label.size}.')
+    # Counted where the tensors are (on the GPU in evaluation): one [C, C] copy to the host.
+    pred, label = ((a if isinstance(a, paddle.Tensor) else paddle.to_tensor(np.asarray(a)))
+                   .astype('int64').flatten() for a in (pred, label))
+    if pred.shape[0] != label.shape[0]:
+        raise ValueError(f'confusion_matrix: pred has {pred.shape[0]} pixels but label has '
+                         f'{label.shape[0]}.')
     valid = ((label != ignore_index) & (label >= 0) & (label < num_classes) &
              (pred >= 0) & (pred < num_classes))
-    counts = np.bincount(label[valid] * num_classes + pred[valid], minlength=num_classes ** 2)
+    pairs = paddle.masked_select(label * num_classes + pred, valid)
+    if pairs.shape[0] == 0:
+        return np.zeros([num_classes, num_classes], dtype='int64')
+    counts = paddle.bincount(pairs, minlength=num_classes ** 2).numpy()
     return counts.reshape(num_classes, num_classes).astype('int64')
 
 

@@ -237,7 +237,7 @@ class TrainOptions:
     def __post_init__(self):
         schedule = {name: getattr(self, name) for name in ('iters', 'batch_size')
                     if getattr(self, name) is not None}
-        _check_positive(save_interval=self.save_interval, log_iters=self.log_iters, **schedule)
+        _check_positive(**schedule, save_interval=self.save_interval, log_iters=self.log_iters)
         _check_not_negative(num_workers=(self.num_workers, 'load in the main process'),
                             keep_checkpoint_max=(self.keep_checkpoint_max,
                                                  'keep every checkpoint'))

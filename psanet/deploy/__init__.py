@@ -3,8 +3,8 @@
 ``config`` reads deploy.yaml, ``predictor`` creates Paddle Inference (or
 onnxruntime) runners, ``processing`` turns images into batches and outputs
 into label maps, ``infer_images`` runs a model over image files (the work of
-deploy/python/infer.py), ``timing`` measures the stages. It imports
-``psanet.contract``, ``psanet.errors``, ``psanet.log`` and the op loader
-only, never the engine, the models or export; importing this package loads
-none of its modules.
+deploy/python/infer.py), ``timing`` measures the stages. It imports the
+leaves (``psanet.compat``, ``contract``, ``errors``, ``interrupts``, ``log``)
+and the op loader only, never paddleseg, the engine, the models or export;
+importing this package loads none of its modules.
 """

@@ -71,7 +71,6 @@ def infer(config, image_path, save_dir='./output', batch_size=1, benchmark=False
         UnreadableImagesError: after every readable image is written, when some
             could not be read (each is also logged as it is skipped).
     """
-    options = PredictorOptions(**predictor_flags)
     logger = logger or get_logger()
     if int(batch_size) < 1:
         raise DeployError(f'--batch_size must be >= 1, got {batch_size}.')
@@ -79,6 +78,7 @@ def infer(config, image_path, save_dir='./output', batch_size=1, benchmark=False
     deploy = DeployConfig(config)
     images = get_image_list(image_path)
     transforms = deploy.build_transforms()
+    options = PredictorOptions(**predictor_flags)
     runner = PaddleRunner(deploy, options)
     onednn = 'on' if options.enable_mkldnn else 'off'
     logger.info(f'Inferring {len(images)} images with {deploy.model} on {options.device} '
