@@ -25,8 +25,8 @@ def parse_args(argv=None):
     parser.add_argument('--num_workers', type=int, default=0, help='DataLoader worker processes.')
     add_inference_flags(parser, '--aug_eval')
     parser.add_argument('--save_dir', default=None,
-                        help='Also write the predictions (Cityscapes *_labelIds.png) and the figures '
-                        'class_iou.png and confusion_matrix.png here.')
+                        help='Also write the predictions (Cityscapes *_labelIds.png) and the '
+                        'figures class_iou.png and confusion_matrix.png here.')
     parser.add_argument('--precision', choices=['fp32', 'fp16'], default='fp32',
                         help='fp16: autocast (GPU only).')
     parser.add_argument('--amp_level', choices=['O1', 'O2'], default='O1')

@@ -93,7 +93,7 @@ def exit_with(code):
 
 
 def add_model_flags(parser):
-    """--config and --model_path, as val.py, predict.py and the tools that load a model take them."""
+    """--config and --model_path, as val.py, predict.py and the attention tool take them."""
     parser.add_argument('--config', required=True, help='The config file.')
     parser.add_argument('--model_path', required=True,
                         help='model.pdparams, or a checkpoint folder such as output/best_model.')

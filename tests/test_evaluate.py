@@ -319,7 +319,8 @@ def test_evaluate_aug_and_slide_options_match_step_by_step_predictions(toy, opti
         scores = [_reference_score(model, _normalised(image_path), **reference)
                   for image_path, _ in dataset.file_list]
     expected = _expected_metrics(dataset, scores)
-    assert_metrics_equal(evaluate(model, dataset, InferenceOptions(**options), print_detail=False), expected)
+    assert_metrics_equal(evaluate(model, dataset, InferenceOptions(**options),
+                                  print_detail=False), expected)
 
 
 def _official_evaluation(results_dir, cityscapes_root):

@@ -132,12 +132,16 @@ def _loaded_after(code):
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def _assert_no_training_stack(loaded):
+    assert not [m for m in loaded if m.startswith(ENGINE_PREFIXES)], loaded
+
+
 def test_importing_the_runtime_loads_no_engine_data_or_export_code():
     # All of them in one interpreter: what none of them loads, the union does not load.
     runtime = sorted(name for name in _modules() if name.startswith('psanet.deploy'))
     loaded = _loaded_after('\n'.join(f'import {name}' for name in runtime))
     assert set(runtime) <= set(loaded)
-    assert not [m for m in loaded if m.startswith(ENGINE_PREFIXES)], loaded
+    _assert_no_training_stack(loaded)
 
 
 def test_the_deploy_command_line_loads_no_engine_data_or_export_code():
@@ -148,13 +152,13 @@ def test_the_deploy_command_line_loads_no_engine_data_or_export_code():
         "'deploy/python/infer.py')\n"
         'spec.loader.exec_module(importlib.util.module_from_spec(spec))')
     assert 'psanet.deploy.infer_images' in loaded
-    assert not [m for m in loaded if m.startswith(ENGINE_PREFIXES)], loaded
+    _assert_no_training_stack(loaded)
 
 
 def test_importing_the_op_package_loads_no_training_stack():
     loaded = _loaded_after('import psanet.ops\nimport psanet.ops.build')
     assert 'psanet.ops.loader' in loaded
-    assert not [m for m in loaded if m.startswith(ENGINE_PREFIXES)], loaded
+    _assert_no_training_stack(loaded)
 
 
 @pytest.mark.parametrize('command', [['--name'], ['-q', 'build_py']])
@@ -175,7 +179,7 @@ def test_setup_py_loads_no_training_stack(command, tmp_path):
         '        assert not stop.code, stop.code\n'
         "assert 'build_py' in sys.argv or out.getvalue().strip() == 'psanet', out.getvalue()")
     assert 'psanet.ops.build' in loaded
-    assert not [m for m in loaded if m.startswith(ENGINE_PREFIXES)], loaded
+    _assert_no_training_stack(loaded)
     if 'build_py' in command:
         assert (tmp_path / 'psanet' / 'ops' / 'psa_mask_op.so').is_file()
 

@@ -320,9 +320,10 @@ def _train_loop(run, state):
     Each is a step; every log_iters (and the last) ends with a log line, every
     save_interval (and the last) with an evaluation and a checkpoint.
     """
+    options = run.options
     averager = _Averager()
     batch_start = time.time()
-    while state.iteration < run.options.iters:
+    while state.iteration < options.iters:
         epoch = state.iteration // run.iters_per_epoch
         run.sampler.set_epoch(epoch, start_batch=state.iteration % run.iters_per_epoch)
         run.reader.set_epoch(epoch)
@@ -335,14 +336,15 @@ def _train_loop(run, state):
             step = _train_step(run, state, data, epoch)
             state.record(step)
             averager.add(step.terms, time.time() - batch_start, reader_cost,
-                         run.options.batch_size * run.world_size)
-            if state.iteration % run.options.log_iters == 0 or state.iteration == run.options.iters:
+                         options.batch_size * run.world_size)
+            last = state.iteration == options.iters
+            if state.iteration % options.log_iters == 0 or last:
                 _log_interval(run, state.iteration, averager, step.lr)
-            if state.iteration % run.options.save_interval == 0 or state.iteration == run.options.iters:
+            if state.iteration % options.save_interval == 0 or last:
                 _evaluate_and_checkpoint(run, state)
             interrupts.raise_if_interrupted()
             batch_start = time.time()
-            if state.iteration >= run.options.iters:
+            if state.iteration >= options.iters:
                 break
         if state.iteration == epoch_start_iteration:
             # Guards the while loop against spinning on a loader that yields nothing.
@@ -488,11 +490,12 @@ def _log_interval(run, iteration, averager, lr):
     ips = averager.samples / max(averager.batch_cost, 1e-12)
     term_text = ''.join(f', loss_{i}: {v:.4f}' for i, v in enumerate(mean_terms)) \
         if len(mean_terms) > 1 else ''
+    iters = run.options.iters
     run.logger.info(
         f'[TRAIN] epoch: {(iteration - 1) // run.iters_per_epoch + 1}, iter: '
-        f'{iteration}/{run.options.iters}, loss: {mean_terms.sum():.4f}{term_text}, lr: {lr:.6f}, '
+        f'{iteration}/{iters}, loss: {mean_terms.sum():.4f}{term_text}, lr: {lr:.6f}, '
         f'batch_cost: {batch_cost:.4f}, reader_cost: {reader_cost:.5f}, ips: '
-        f'{ips:.4f} samples/sec | ETA {_format_eta((run.options.iters - iteration) * batch_cost)}')
+        f'{ips:.4f} samples/sec | ETA {_format_eta((iters - iteration) * batch_cost)}')
     if run.writer is not None:
         run.writer.add_scalar('Train/loss', float(mean_terms.sum()), iteration)
         if len(mean_terms) > 1:
@@ -529,7 +532,8 @@ def _evaluate(run, state):
     if result['miou'] > state.best_miou:
         state.best_miou, state.best_iter = result['miou'], state.iteration
         if run.main:
-            ckpt.save_checkpoint(os.path.join(run.options.save_dir, run_dir.BEST_MODEL), run.model,
+            ckpt.save_checkpoint(os.path.join(run.options.save_dir, run_dir.BEST_MODEL),
+                                 run.model,
                                  state={'iteration': state.iteration, 'miou': state.best_miou})
     run.logger.info(f'[EVAL] The model with the best validation mIoU '
                     f'({state.best_miou:.4f}) was saved at iter {state.best_iter}.')
