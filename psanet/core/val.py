@@ -11,14 +11,13 @@ raw class ids for other datasets.
 import os
 import time
 
-import cv2
 import numpy as np
 import paddle
 from paddleseg.datasets import Cityscapes
 from paddleseg.utils import TimeAverager
 
 from psanet import interrupts
-from psanet.contract import check_save_dir
+from psanet.contract import check_save_dir, write_image
 from psanet.core import dist, inference
 from psanet.core.checkpoint import load_model_weights, resolve_weights_path
 from psanet.core.config import ComponentBuilder, load_config
@@ -67,9 +66,7 @@ def _write_prediction(pred, image_path, dataset, save_dir):
     ids = pred.astype('uint8')
     if isinstance(dataset, Cityscapes):
         ids = train_ids_to_label_ids(ids)
-    if not cv2.imwrite(path, ids):
-        raise OSError(f'cannot write {path}: check the permissions and free space of --save_dir.')
-    return path
+    return write_image(path, ids)
 
 
 def format_report(result):
