@@ -191,6 +191,10 @@ def load_checkpoint(path):
     if os.path.isfile(state_path):
         state = read_json(state_path, lambda reason: CheckpointError(
             f'training state {state_path} cannot be read ({reason}): {fix}'))
+        iteration = state.get('iteration') if isinstance(state, dict) else None
+        if not isinstance(iteration, int) or isinstance(iteration, bool) or iteration < 0:
+            raise CheckpointError(f'training state {state_path}: "iteration" must be a '
+                                  f'non-negative integer, got {iteration!r}: {fix}')
     else:
         match = _ITER_DIR.match(os.path.basename(os.path.normpath(path)))
         if not match:

@@ -11,6 +11,7 @@ wrapped RuntimeError.
 """
 import copy
 import difflib
+import math
 import os
 import time
 
@@ -79,6 +80,9 @@ def _check_yaml_files(path, chain=(), entry=None):
             dic = yaml.load(f, Loader=yaml.FullLoader)
     except yaml.YAMLError as error:
         raise ConfigError(f'config {path} is not valid YAML: {error}') from error
+    except UnicodeDecodeError as error:
+        raise ConfigError(f'config {path} is not UTF-8 text (byte {error.start}): save it as '
+                          'UTF-8.') from None
     if not isinstance(dic, dict):
         raise ConfigError(f'config {path} does not hold a mapping of keys: fix its YAML.')
     bases = dic.get('_base_', [])
@@ -193,8 +197,8 @@ def load_config(path, learning_rate=None, batch_size=None, iters=None, opts=None
         raise ConfigError(f'--learning_rate needs an lr_scheduler section in {path}.')
     for name, value in (('learning_rate', learning_rate), ('batch_size', batch_size),
                         ('iters', iters)):
-        if value is not None and value <= 0:
-            raise ConfigError(f'--{name} must be positive, got {value}.')
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ConfigError(f'--{name} must be a positive finite number, got {value}.')
     try:
         cfg = Config(path, learning_rate=learning_rate, batch_size=batch_size, iters=iters,
                      opts=opts)

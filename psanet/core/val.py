@@ -23,7 +23,7 @@ from psanet.core.checkpoint import load_model_weights, resolve_weights_path
 from psanet.core.config import ComponentBuilder, load_config
 from psanet.core.loader import build_eval_loader, raise_if_error, sample_paths
 from psanet.core.metrics import class_areas, confusion_matrix, summarize
-from psanet.core.options import InferenceOptions
+from psanet.core.options import InferenceOptions, check_not_negative
 from psanet.core.runtime import autocast, progress_bar, set_device
 from psanet.data.prepare_cityscapes import train_ids_to_label_ids
 from psanet.data.validate import IMAGE_SUFFIX
@@ -192,6 +192,7 @@ def evaluate_from_config(config, model_path, device=None, num_workers=0, save_di
     Returns:
         dict: the result of :func:`evaluate`.
     """
+    check_not_negative(num_workers=(num_workers, 'load in the main process'))
     set_device(device)
     dist.init_parallel()
     logger = get_logger()
