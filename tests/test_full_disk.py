@@ -3,7 +3,6 @@ run ends with one line naming the folder and its free space, every file left rea
 whole (each output is written to a hidden file, then renamed), and no temporary is left.
 
 Each test mounts a small tmpfs itself and fills it (tests/tmpfs_helpers.py)."""
-import hashlib
 import os
 
 import cv2
@@ -21,7 +20,7 @@ from psanet.core.predict import predict
 from psanet.core.val import evaluate_from_config
 from psanet.export import ExportOptions, export_model
 from paddleseg.transforms import Normalize
-from tmpfs_helpers import fill, small_tmpfs, whole_files
+from tmpfs_helpers import digests, fill, small_tmpfs, whole_files
 
 NORMALIZE = [{'type': 'Normalize'}]
 
@@ -111,25 +110,17 @@ def test_infer_on_a_full_disk(tmp_path, tiny, noisy_images, capfd):
         assert any('pseudo_color_prediction' in f for f in files)
 
 
-def _digests(folder):
-    found = {}
-    for name in sorted(os.listdir(folder)):
-        with open(os.path.join(folder, name), 'rb') as f:
-            found[name] = hashlib.sha256(f.read()).hexdigest()
-    return found
-
-
 def test_a_checkpoint_on_a_full_disk(tmp_path, tiny, capsys):
     with small_tmpfs(tmp_path / 'disk', 512 * 1024) as disk:
         target = os.path.join(disk, 'iter_10')
         save_checkpoint(target, tiny, state={'iteration': 10})
-        before = _digests(target)
+        before = digests(target)
         fill(disk, 2048)
         paddle.seed(6)
         code = run_cli(save_checkpoint, target, TinySegNet(3), state={'iteration': 10})
         line = one_error_line(capsys.readouterr().err, code)
         assert_disk_full_line(line, disk)
-        assert _digests(target) == before
+        assert digests(target) == before
         assert sorted(os.listdir(disk)) == ['.filler', 'iter_10']
         assert paddle.load(os.path.join(target, WEIGHTS_FILE)).keys() == tiny.state_dict().keys()
 
@@ -138,11 +129,11 @@ def test_an_export_on_a_full_disk(tmp_path, tiny, capsys):
     with small_tmpfs(tmp_path / 'disk', 512 * 1024) as disk:
         target = os.path.join(disk, 'export')
         export_model(tiny, NORMALIZE, target, ExportOptions(psa_impl='paddle'))
-        before = _digests(target)
+        before = digests(target)
         fill(disk, 4096)
         code = run_cli(export_model, tiny, NORMALIZE, target,
                        ExportOptions(psa_impl='paddle', output_op='softmax'))
         line = one_error_line(capsys.readouterr().err, code)
         assert_disk_full_line(line, disk)
-        assert _digests(target) == before
+        assert digests(target) == before
         assert sorted(os.listdir(disk)) == ['.filler', 'export']

@@ -3,6 +3,7 @@
 Mounting needs root (or CAP_SYS_ADMIN); where it is refused the test is skipped, saying so.
 """
 import contextlib
+import hashlib
 import os
 import subprocess
 
@@ -40,3 +41,12 @@ def whole_files(folder):
     for root, _, files in os.walk(folder):
         found += [os.path.join(root, name) for name in files if name != '.filler']
     return sorted(found)
+
+
+def digests(folder):
+    """{name: sha256} of the files directly in ``folder``."""
+    found = {}
+    for name in sorted(os.listdir(folder)):
+        with open(os.path.join(folder, name), 'rb') as f:
+            found[name] = hashlib.sha256(f.read()).hexdigest()
+    return found
