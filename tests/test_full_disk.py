@@ -2,7 +2,7 @@
 run ends with one line naming the folder and its free space, every file left reads back
 whole (each output is written to a hidden file, then renamed), and no temporary is left.
 
-Each test mounts a small tmpfs itself and fills it (tests/tmpfs_helpers.py)."""
+Each test mounts a small tmpfs itself and fills it (tests/disk_helpers.py)."""
 import os
 
 import cv2
@@ -20,7 +20,7 @@ from psanet.core.predict import predict
 from psanet.core.val import evaluate_from_config
 from psanet.export import ExportOptions, export_model
 from paddleseg.transforms import Normalize
-from tmpfs_helpers import digests, fill, small_tmpfs, whole_files
+from disk_helpers import digests, fill, small_tmpfs, whole_files
 
 NORMALIZE = [{'type': 'Normalize'}]
 

@@ -23,7 +23,7 @@ from psanet.core.predict import predict_from_config
 from psanet.core.val import evaluate_from_config
 from psanet.deploy.config import DeployConfig
 from psanet.export import ExportOptions, export_from_config, export_model
-from tmpfs_helpers import digests, small_tmpfs
+from disk_helpers import digests, small_tmpfs
 
 # A folder no process can write into, root included (sysfs refuses new entries).
 UNWRITABLE = '/sys/psanet-test-output'
@@ -149,17 +149,6 @@ def test_a_re_export_replaces_the_export_and_keeps_other_files(first_export, tmp
     assert sorted(os.listdir(tmp_path)) == ['again']
 
 
-def _tree(folder):
-    """{relative path: bytes} of every file below ``folder``, hidden ones included."""
-    found = {}
-    for root, _, files in os.walk(folder):
-        for name in files:
-            path = os.path.join(root, name)
-            with open(path, 'rb') as f:
-                found[os.path.relpath(path, folder)] = f.read()
-    return found
-
-
 def _users_files(folder):
     """A git repository, a dotfile, a file and a subfolder of the user's in ``folder``."""
     (folder / 'notes.txt').write_text('mine')
@@ -167,7 +156,7 @@ def _users_files(folder):
     (folder / 'sub').mkdir()
     (folder / 'sub' / 'data.txt').write_text('sub data')
     subprocess.run(['git', 'init', '-q', str(folder)], check=True)
-    return {name: data for name, data in _tree(folder).items()
+    return {name: data for name, data in digests(folder).items()
             if name.split(os.sep)[0] not in ('model.json', 'model.pdiparams', 'model.onnx',
                                                 'deploy.yaml')}
 
@@ -183,7 +172,7 @@ def test_a_re_export_keeps_the_users_files_and_drops_the_old_exports(tmp_path):
     mine = _users_files(folder)
     assert '.git/HEAD' in mine and '.env' in mine and 'sub/data.txt' in mine
     export_model(model, [{'type': 'Normalize'}], str(folder), ExportOptions(psa_impl='paddle'))
-    after = _tree(folder)
+    after = digests(folder)
     export = {'model.json', 'model.pdiparams', 'deploy.yaml'}
     assert set(after) == export | set(mine)  # no model.onnx that deploy.yaml does not name
     assert {name: after[name] for name in mine} == mine
@@ -198,7 +187,7 @@ def test_a_stale_export_file_written_by_hand_goes(first_export, tmp_path):
     (folder / 'model.onnx').write_bytes(b'not from this export')
     mine = _users_files(folder)
     export_model(model, [{'type': 'Normalize'}], str(folder), ExportOptions(psa_impl='paddle'))
-    after = _tree(folder)
+    after = digests(folder)
     assert set(after) == {'model.json', 'model.pdiparams', 'deploy.yaml'} | set(mine)
     assert {name: after[name] for name in mine} == mine
 

@@ -1,4 +1,5 @@
-"""A small tmpfs a test mounts itself: a disk that fills up, and a folder that is a mount point.
+"""Disks and folders for the tests of outputs: a small tmpfs a test mounts itself (a disk that
+fills up, a folder that is a mount point) and the digests of a folder's files.
 
 Mounting needs root (or CAP_SYS_ADMIN); where it is refused the test is skipped, saying so.
 """
@@ -44,9 +45,11 @@ def whole_files(folder):
 
 
 def digests(folder):
-    """{name: sha256} of the files directly in ``folder``."""
+    """{relative path: sha256} of every file under ``folder``, hidden ones included."""
     found = {}
-    for name in sorted(os.listdir(folder)):
-        with open(os.path.join(folder, name), 'rb') as f:
-            found[name] = hashlib.sha256(f.read()).hexdigest()
+    for parent, _, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(parent, name)
+            with open(path, 'rb') as f:
+                found[os.path.relpath(path, folder)] = hashlib.sha256(f.read()).hexdigest()
     return found
