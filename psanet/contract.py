@@ -100,10 +100,10 @@ def _list_entry(line, base, image_path, number):
         path = entry if os.path.isabs(entry) else os.path.join(base, entry)
         if os.path.isfile(path):
             return path
-    tried = ' nor '.join(f'`{c}`' for c in candidates)
-    raise DatasetError(f'{image_path} line {number}: {"neither " if len(candidates) > 1 else ""}'
-                       f'{tried} is an image file (relative paths are relative to the list '
-                       f'file, {base or "."}): fix the list.')
+    tried = (f'neither `{candidates[0]}` nor `{candidates[1]}` is' if len(candidates) > 1
+             else f'`{candidates[0]}` is not')
+    raise DatasetError(f'{image_path} line {number}: {tried} an image file (relative paths are '
+                       f'relative to the list file, {base or "."}): fix the list.')
 
 
 def _outputs_below(paths, base):
