@@ -200,3 +200,54 @@ def test_parameters_of_another_model_are_refused_naming_both_files(tmp_path, cap
                      r'file \[\d+(, \d+)*\]\)', line), line
     assert 'copy model.json and model.pdiparams of one export together' in line
     assert not (tmp_path / 'out').exists()
+
+
+def _edited_export(exported, target, edit=None, raw=None):
+    """A copy of the export whose deploy.yaml has ``edit(Deploy section)`` applied, or is
+    ``raw`` bytes."""
+    import yaml
+    deploy = copy_export(exported[1], str(target))
+    if raw is not None:
+        with open(deploy, 'wb') as f:
+            f.write(raw)
+        return deploy
+    with open(deploy) as f:
+        dic = yaml.safe_load(f)
+    edit(dic['Deploy'])
+    with open(deploy, 'w') as f:
+        yaml.safe_dump(dic, f)
+    return deploy
+
+
+def test_bad_deploy_yaml_values_are_one_line(exported, tmp_path, capfd):
+    image = write_image(tmp_path / 'a.png', 0)
+    latin1 = 'Deploy:\n  model: model.json # Stra\xdfe\n'.encode('latin-1')
+    cases = [
+        ('latin1', None, latin1, f'is not UTF-8 text (byte {latin1.index(bytes([0xdf]))}): save '
+         'it as UTF-8, or export the model again.'),
+        ('letters', lambda d: d.update(input_shape=['a', 'b', 'c', 'd']), None,
+         "Deploy.input_shape must be four integers N, 3, H, W (-1 for a dynamic one), got "
+         "['a', 'b', 'c', 'd']"),
+        ('three', lambda d: d.update(input_shape=[1, 3, 64]), None,
+         'Deploy.input_shape must be four integers'),
+        ('mean', lambda d: d.update(transforms=[{'type': 'Normalize', 'mean': 'abc'}]), None,
+         "Deploy.transforms [{'mean': 'abc', 'type': 'Normalize'}] fail on an image"),
+    ]
+    for name, edit, raw, words in cases:
+        deploy = _edited_export(exported, tmp_path / name, edit, raw)
+        code, _, err = infer_in_process(capfd, '--config', deploy, '--image_path', image,
+                                        '--save_dir', tmp_path / 'out')
+        assert code == 2 and 'Traceback' not in err, err
+        line, = err.strip().splitlines()
+        assert line.startswith(f'error: {deploy}') and words in line, line
+    assert not (tmp_path / 'out').exists()
+
+
+def test_more_cpu_threads_than_cores_are_cut_to_the_cores(caplog):
+    from psanet.deploy.predictor import PredictorOptions
+    cores = len(os.sched_getaffinity(0))
+    with caplog.at_level('WARNING', logger='psanet'):
+        options = PredictorOptions(cpu_threads=4096)
+    assert options.cpu_threads == cores
+    assert f'--cpu_threads 4096 is more than the {cores} cores' in caplog.text
+    assert PredictorOptions(cpu_threads=cores).cpu_threads == cores

@@ -76,8 +76,8 @@ def _check_yaml_files(path, chain=(), entry=None):
     if not path.endswith(('.yml', '.yaml')):
         raise ConfigError(f'config {path} is not a .yml/.yaml file: pass a YAML config.')
     try:
-        with open(path, encoding='utf-8') as f:
-            dic = yaml.load(f, Loader=yaml.FullLoader)
+        with open(path, 'rb') as f:
+            dic = yaml.load(f.read().decode('utf-8'), Loader=yaml.FullLoader)
     except yaml.YAMLError as error:
         raise ConfigError(f'config {path} is not valid YAML: {error}') from error
     except UnicodeDecodeError as error:

@@ -200,14 +200,15 @@ class DeployConfig:
             raise DeployError(f'deploy config not found: {path}. Pass the deploy.yaml that '
                               f'export.py wrote (export.py --config ... --model_path ... '
                               f'--save_dir DIR writes DIR/deploy.yaml).')
-        with open(path, encoding='utf-8') as f:
-            try:
-                dic = yaml.safe_load(f)
-            except yaml.YAMLError as error:
-                raise DeployError(f'{path} is not valid YAML: {error}') from error
-            except UnicodeDecodeError as error:
-                raise DeployError(f'{path} is not UTF-8 text (byte {error.start}): save it as '
-                                  'UTF-8, or export the model again.') from None
+        with open(path, 'rb') as f:
+            data = f.read()
+        try:
+            dic = yaml.safe_load(data.decode('utf-8'))
+        except yaml.YAMLError as error:
+            raise DeployError(f'{path} is not valid YAML: {error}') from error
+        except UnicodeDecodeError as error:
+            raise DeployError(f'{path} is not UTF-8 text (byte {error.start}): save it as '
+                              'UTF-8, or export the model again.') from None
         if not isinstance(dic, dict) or not isinstance(dic.get(DEPLOY_SECTION), dict):
             raise DeployError(f'{path} has no `Deploy:` section; is it a deploy.yaml '
                               f'written by export.py?')
