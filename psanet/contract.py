@@ -29,9 +29,10 @@ from psanet.errors import ConfigError, DatasetError, DiskFullError
 __all__ = ['DEPLOY_FILE', 'DEPLOY_SECTION', 'PROGRAM_FILE', 'PARAMS_FILE', 'ONNX_FILE',
            'INPUT_NAME', 'DYNAMIC_INPUT_SHAPE', 'DEFAULT_TRANSFORMS', 'OUTPUT_OPS', 'PALETTES',
            'IMAGE_EXTENSIONS', 'TEMP_MARK', 'RETIRED_SUFFIX', 'PREVIOUS', 'palette_for',
-           'get_image_list', 'output_paths', 'check_outputs', 'color_map', 'check_save_dir', 'check_output_file', 'read_json',
-           'read_images', 'fsync', 'raise_if_disk_full', 'write_file_whole', 'write_folder',
-           'write_bytes', 'write_image', 'save_prediction']
+           'get_image_list', 'output_paths', 'check_outputs', 'color_map', 'check_save_dir',
+           'check_output_file', 'read_json', 'read_images', 'make_output_dir', 'fsync',
+           'raise_if_disk_full', 'write_file_whole', 'write_folder', 'write_bytes', 'write_image',
+           'save_prediction']
 
 # The files of an export, all in one folder: what paddle.jit.save writes on
 # Paddle 3 (the PIR program and its parameters), the optional ONNX model, and
@@ -289,12 +290,23 @@ def read_images(images, unreadable, logger):
         yield image, relative
 
 
-def _make_dirs(path):
+def make_output_dir(path):
+    """``os.makedirs(path, exist_ok=True)`` for an output folder: a file in the way is a
+    ConfigError, a full disk a DiskFullError."""
     try:
         os.makedirs(path, exist_ok=True)
     except (FileExistsError, NotADirectoryError) as error:
         raise ConfigError(f'cannot create the folder {path}: {error.strerror} (a file is in '
                           'the way); move it or pass another --save_dir.') from error
+    except OSError as error:
+        raise_if_disk_full(error, _existing_folder(path))
+        raise
+
+
+def _existing_folder(path):
+    while not os.path.isdir(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
 
 
 def fsync(path):
@@ -475,7 +487,7 @@ def save_prediction(label, image, relative, save_dir, colors):
     """
     pseudo_path, added_path = output_paths(relative, save_dir)
     for path in (pseudo_path, added_path):
-        _make_dirs(os.path.dirname(path))
+        make_output_dir(os.path.dirname(path))
     mask = Image.fromarray(label)  # mode L; putpalette turns it into a palette image
     mask.putpalette(colors)
     encoded = io.BytesIO()

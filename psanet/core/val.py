@@ -17,7 +17,7 @@ from paddleseg.datasets import Cityscapes
 from paddleseg.utils import TimeAverager
 
 from psanet import interrupts
-from psanet.contract import check_save_dir, write_image
+from psanet.contract import check_save_dir, make_output_dir, write_image
 from psanet.core import dist, inference
 from psanet.core.checkpoint import load_model_weights, resolve_weights_path
 from psanet.core.config import ComponentBuilder, load_config
@@ -62,7 +62,7 @@ def prediction_file_name(image_path, dataset):
 
 def _write_prediction(pred, image_path, dataset, save_dir):
     path = os.path.join(save_dir, prediction_file_name(image_path, dataset))
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    make_output_dir(os.path.dirname(path))
     ids = pred.astype('uint8')
     if isinstance(dataset, Cityscapes):
         ids = train_ids_to_label_ids(ids)
