@@ -12,10 +12,12 @@ import pytest
 
 
 @contextlib.contextmanager
-def small_tmpfs(path, size):
-    """Mounts a tmpfs of ``size`` bytes (rounded up to pages) at ``path`` for the block."""
+def small_tmpfs(path, size, inodes=None):
+    """Mounts a tmpfs of ``size`` bytes (rounded up to pages), and at most ``inodes`` files
+    and folders when given, at ``path`` for the block."""
     os.makedirs(path, exist_ok=True)
-    done = subprocess.run(['mount', '-t', 'tmpfs', '-o', f'size={int(size)}', 'tmpfs', str(path)],
+    options = f'size={int(size)}' + (f',nr_inodes={int(inodes)}' if inodes else '')
+    done = subprocess.run(['mount', '-t', 'tmpfs', '-o', options, 'tmpfs', str(path)],
                           capture_output=True, text=True)
     if done.returncode != 0:
         pytest.skip(f'cannot mount a tmpfs here ({done.stderr.strip() or done.returncode}): '

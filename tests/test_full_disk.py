@@ -81,6 +81,20 @@ def test_predict_on_a_full_disk(tmp_path, tiny, noisy_images, capsys):
         assert_saved_masks_agree(save_dir, done, tiny, TINY_SEGNET_RTOL)
 
 
+def test_predict_when_no_folder_can_be_made(tmp_path, tiny, noisy_images, capsys):
+    """Out of inodes: making an output folder fails for lack of space too."""
+    nested = tmp_path / 'nested'
+    for city in ('a', 'b', 'c'):
+        (nested / city).mkdir(parents=True)
+        os.link(os.path.join(noisy_images, 'img_0.png'), nested / city / 'img.png')
+    with small_tmpfs(tmp_path / 'disk', 1 << 20, inodes=5) as disk:
+        save_dir = os.path.join(disk, 'result')
+        code = run_cli(predict, tiny, [Normalize()], get_image_list(str(nested)), save_dir)
+        line = one_error_line(capsys.readouterr().err, code)
+        assert line.startswith('error: no space left in ' + save_dir) and ' free)' in line, line
+        assert_every_file_whole(disk)
+
+
 def test_val_save_dir_on_a_full_disk(tmp_path, mini_cityscapes, capsys):
     weights = str(tmp_path / 'model.pdparams')
     paddle.save(mini_psanet_for_eval(seed=2).state_dict(), weights)
