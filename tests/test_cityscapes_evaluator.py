@@ -198,3 +198,35 @@ def test_the_in1d_given_back_is_numpys_old_one(invert):
     values, members = rng.integers(0, 10, (6, 7)), [1, 3, 3, 8]
     expected = np.array([(v in set(members)) != invert for v in values.ravel()])
     np.testing.assert_array_equal(_in1d(values, members, invert=invert), expected)
+
+
+def _evaluator(env, *args):
+    clean = {k: v for k, v in os.environ.items() if not k.startswith('CITYSCAPES_')}
+    return run_process([sys.executable, EVALUATOR, *args], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300, env={**clean, **env})
+
+
+def test_help_prints_help_and_evaluates_nothing(tmp_path):
+    done = _evaluator({'CITYSCAPES_DATASET': str(tmp_path)}, '--help')
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith('usage: evaluate_cityscapes.py')
+    assert 'CITYSCAPES_DATASET' in done.stdout and 'CITYSCAPES_RESULTS' in done.stdout
+    assert 'nan' not in done.stdout.lower() and 'Evaluating' not in done.stdout
+    assert not (tmp_path / 'evaluationResults').exists()
+
+
+def test_nothing_to_pair_is_one_line_naming_both_variables(tmp_path, mini_cityscapes):
+    empty = tmp_path / 'results'
+    empty.mkdir()
+    cases = [({}, 'CITYSCAPES_DATASET is not set'),
+             ({'CITYSCAPES_DATASET': str(tmp_path)},
+              f'no ground truth {tmp_path}/gtFine/val/*/*_gtFine_labelIds.png'),
+             ({'CITYSCAPES_DATASET': mini_cityscapes, 'CITYSCAPES_RESULTS': str(empty)},
+              f'no predictions (*.png) in {empty}')]
+    for env, words in cases:
+        done = _evaluator(env)
+        assert done.returncode == 2, (env, done.stdout[-2000:], done.stderr[-2000:])
+        line, = done.stderr.strip().splitlines()
+        assert line.startswith('error: ' + words), line
+        assert 'CITYSCAPES_DATASET' in line and 'CITYSCAPES_RESULTS' in line
+        assert 'nan' not in done.stdout.lower()
