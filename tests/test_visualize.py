@@ -494,7 +494,8 @@ def test_a_failed_png_write_keeps_the_earlier_file_and_no_temporary(tmp_path, mo
     before = (folder / 'class_iou.png').read_bytes()
 
     if failing == 'write':  # the disk fills up after a few bytes
-        real_fdopen = os.fdopen
+        import builtins
+        real_open = builtins.open
 
         class FullDisk:
             def __init__(self, f):
@@ -511,7 +512,10 @@ def test_a_failed_png_write_keeps_the_earlier_file_and_no_temporary(tmp_path, mo
                 self.f.flush()
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-        monkeypatch.setattr(os, 'fdopen', lambda *a, **k: FullDisk(real_fdopen(*a, **k)))
+        def full_for_files_being_written(file, mode='r', *a, **k):
+            opened = real_open(file, mode, *a, **k)
+            return FullDisk(opened) if 'w' in mode else opened
+        monkeypatch.setattr(builtins, 'open', full_for_files_being_written)
     else:
         def refused(src, dst):
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), dst)
