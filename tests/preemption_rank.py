@@ -13,9 +13,9 @@ pid is in ``OUT/pid.<rank>``, for a test that signals one rank or reads its
 DataLoader workers' signal masks.
 
 ``--resume_each CHECKPOINT... -- FLAGS...`` trains once per checkpoint
-(``none``: from scratch), resuming from it into a save_dir of its own
-(``--save_dir`` + ``_<i>``), all in one launch, and writes
-``losses.<rank>.<i>.json`` for each.
+(``none``: from scratch), resuming from it with ``--overwrite`` (each run
+replaces the previous one's checkpoints in ``--save_dir``), all in one
+launch, and writes ``losses.<rank>.<i>.json`` for each.
 """
 import json
 import os
@@ -50,10 +50,8 @@ def _trainer(out, rank, argv):
         exit_with(_train(out, rank, argv))
     split = argv.index('--')
     checkpoints, flags = argv[1:split], argv[split + 1:]
-    save_dir = flags[flags.index('--save_dir') + 1]
     for i, checkpoint in enumerate(checkpoints):
-        flags[flags.index('--save_dir') + 1] = f'{save_dir}_{i}'
-        resume = [] if checkpoint == 'none' else ['--resume_model', checkpoint]
+        resume = [] if checkpoint == 'none' else ['--resume_model', checkpoint, '--overwrite']
         code = _train(out, rank, flags + resume, f'.{i}')
         if code:
             exit_with(code)

@@ -185,3 +185,65 @@ def test_the_signal_module_is_a_small_leaf():
     for mechanism in ('unraisablehook', 'getpid', 'SIGCHLD', 'atexit', 'pending'):
         assert mechanism not in source, mechanism
     assert re.findall(r'^from psanet[.\w]* import (\w+)', source, re.M) == ['Interrupted']
+
+
+def _tree_bytes(folder):
+    return {name: (folder / name).read_bytes() for name in sorted(os.listdir(folder))}
+
+
+def test_sigterm_during_export_keeps_the_old_export_and_exits_143(tmp_path):
+    from conftest import MINI_CONFIG
+    save_dir = tmp_path / 'export'
+    command = [sys.executable, 'export.py', '--config', MINI_CONFIG, '--save_dir', str(save_dir)]
+    run_process(command, cwd=ROOT, timeout=600, check=True, capture_output=True)
+    (save_dir / 'notes.txt').write_text('the user\'s own file')
+    before = _tree_bytes(save_dir)
+    with started_process(command + ['--input_shape', '1', '3', '64', '128'], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as process:
+        for line in process.stdout:  # the export (dy2static's trace) starts after this line
+            if 'exporting the initial (untrained) weights' in line:
+                break
+        process.send_signal(signal.SIGTERM)
+        out, _ = finish(process, 300)
+    assert process.returncode == 143, out
+    assert out.strip().splitlines()[-1] == 'error: stopped by SIGTERM', out
+    assert 'Traceback' not in out and 'In transformed code' not in out, out
+    assert _tree_bytes(save_dir) == before  # the old export, whole, with the user's file
+    assert sorted(os.listdir(tmp_path)) == ['export']  # no temporary left beside it
+
+
+@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT])
+def test_a_stopped_run_saves_its_step_and_resumes_with_the_uninterrupted_losses(
+        tmp_path, capsys, monkeypatch, signum):
+    import engine_helpers as helpers  # registers TinySegNet
+    from psanet.core import checkpoint, train
+    root = helpers.write_toy_dataset(str(tmp_path / 'toy'), num_train=4, num_val=2)
+    config = helpers.write_config(tmp_path / 'toy.yml', helpers.toy_config(root, iters=10))
+    flags = dict(config=config, device='cpu', iters=9, save_interval=4, log_iters=1, seed=0,
+                 num_workers=2, do_eval=True)
+    whole = {}
+    assert run_cli(lambda **f: whole.update(train.train_from_config(**f)),
+                   save_dir=str(tmp_path / 'whole'), **flags) == 0
+    log_interval = train._log_interval
+
+    def signal_at_6(run, iteration, *args):  # after step 6's all-reduce: step 7 is the last
+        log_interval(run, iteration, *args)
+        if iteration == 6:
+            os.kill(os.getpid(), signum)
+    monkeypatch.setattr(train, '_log_interval', signal_at_6)
+    save_dir = tmp_path / 'stopped'
+    capsys.readouterr()
+    assert run_cli(train.train_from_config, save_dir=str(save_dir), **flags) == 128 + signum
+    monkeypatch.undo()
+    out, err = capsys.readouterr()
+    stop = save_dir / 'iter_7'
+    what = 'stopped by SIGTERM' if signum == signal.SIGTERM else 'interrupted (Ctrl-C)'
+    assert err.strip().splitlines()[-1] == \
+        f'error: training {what} after iteration 7; its checkpoint is {stop}'
+    assert f"resume with: the same call with resume_model='{stop}'" in out
+    assert checkpoint.checkpoint_iteration(str(stop)) == 7
+    assert sorted(os.listdir(save_dir)) == ['best_model', 'iter_4', 'iter_7', 'train.log']
+    resumed = {}
+    assert run_cli(lambda **f: resumed.update(train.train_from_config(**f)),
+                   save_dir=str(save_dir), resume_model=str(stop), **flags) == 0
+    assert resumed['start_iter'] == 7 and resumed['losses'] == whole['losses'][7:]

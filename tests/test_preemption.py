@@ -17,6 +17,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -53,11 +54,10 @@ val_dataset:
     return str(path)
 
 
-def _flags(config, save_dir):
+def _flags(config, save_dir, save_interval=SAVE_INTERVAL):
     return ['--config', config, '--device', 'cpu', '--save_dir', save_dir, '--iters',
             str(ITERS), '--batch_size', '1', '--num_workers', '2', '--log_iters', '1',
-            '--save_interval', str(SAVE_INTERVAL), '--seed', '3',
-            '--keep_checkpoint_max', '2']
+            '--save_interval', str(save_interval), '--seed', '3', '--keep_checkpoint_max', '2']
 
 
 def _launch(work, name, args):
@@ -143,18 +143,20 @@ def _trial(work, number, case, step, rng, config):
             while not (_trainers(out) and _reached(out, reach)) and \
                     time.monotonic() < give_up and launcher.poll() is None:
                 time.sleep(0.05)
-            busy = busy or _busy_loops()
+            if not busy:
+                busy = _busy_loops()
+                masks = {}
+                for _ in range(5):  # an epoch's workers may be starting: look again
+                    masks = _worker_masks(_trainers(out) or [])
+                    if len(masks) == 2:
+                        break
+                result['worker_masks'] = {str(t): m for t, m in masks.items()}
         trainers = _trainers(out)
         if launcher.poll() is not None or not _reached(out, step):
             result['problems'].append(f'step {step} not reached in {START} s (launcher '
                                       f'{launcher.poll()})')
             return result, out
-        masks = {}
-        for _ in range(5):  # an epoch's workers may be starting: look again
-            masks = _worker_masks(trainers)
-            if len(masks) == 2:
-                break
-        result['worker_masks'] = {str(t): m for t, m in masks.items()}
+        time.sleep(rng.uniform(0, 0.5))  # anywhere in the next step
         everyone = _tree(launcher.pid)
         sent = time.monotonic()
         if case == 'launcher':
@@ -236,6 +238,9 @@ def _check_trial(result, out, save_dir):
     saves = _read(os.path.join(save_dir, 'train.log')).count(f'Saved checkpoint {path}\n')
     if saves != 1:
         problems.append(f'{path} was saved {saves} times')
+    for name in entries:  # the resumes need only the stop's checkpoint: 124 MB each
+        if name != os.path.basename(path) and os.path.isdir(os.path.join(save_dir, name)):
+            shutil.rmtree(os.path.join(save_dir, name))
 
 
 @pytest.fixture(scope='module')
@@ -258,14 +263,18 @@ def preempted(tmp_path_factory):
     stopped = [t for t in trials if 'stop' in t and t['stop'] < ITERS]
     checkpoints = [os.path.join(work, f'run{t["trial"]}', f'iter_{t["stop"]}') for t in stopped]
     # The uninterrupted run is resume 0: from scratch (the rank script's 'none'). Without
-    # --do_eval: an evaluation changes no training state, and these runs only compare losses.
+    # --do_eval and with one checkpoint at the end: an evaluation or a checkpoint changes no
+    # training state, and these runs only compare losses.
     launcher, out = _launch(work, 'resumes', ['--resume_each', 'none'] + checkpoints + ['--']
-                            + _flags(config, os.path.join(work, 'resumed')))
+                            + _flags(config, os.path.join(work, 'resumed'), ITERS))
     try:
         launcher.wait(START + 60 * len(checkpoints))
     finally:
         _kill_all(_tree(launcher.pid))
         launcher.wait()
+        for name in os.listdir(work):
+            if name.startswith(('run', 'resumed')):
+                shutil.rmtree(os.path.join(work, name))
     resumed = {}
     for i, trial in enumerate([None] + stopped):
         path = os.path.join(out, f'losses.0.{i}.json')
