@@ -12,12 +12,13 @@ targets one phase in turn, waits for a random number of its occurrences and a
 random moment within it (``PHASE_DELAY``), and sends SIGTERM or SIGINT to
 the run's main process or to its whole group (a terminal's Ctrl-C, a
 scheduler). (A signal before train.py's ``run_cli`` meets Paddle's handler or
-the default one; start-up here begins inside ``run_cli``.) A run must exit with 128 + the signal
-within ``--bound`` seconds, print no traceback, end with the one ``error:``
-line (stopped in training: naming the checkpoint of the step it stopped after,
-which must load and hold that iteration), leave no process of its group behind
-and no hidden temporary in its save_dir. A run that does not exit in time has its Python stacks dumped (the
-phase that hung) and its process group killed: the harness never hangs.
+the default one; start-up here begins inside ``run_cli``.) A run must exit
+with 128 + the signal within ``--bound`` seconds, print no traceback, end with
+the one ``error:`` line (stopped in training: naming the checkpoint of the
+step it stopped after, which must load and hold that iteration), leave no
+process of its group behind and no hidden temporary in its save_dir. A run
+that does not exit in time has its Python stacks dumped (the phase that hung)
+and its process group killed: the harness never hangs.
 ``--load N`` runs N busy-loop processes beside the trials.
 
 Prints one line per trial and, with ``--json FILE``, writes the results there.

@@ -212,9 +212,12 @@ def test_sigterm_during_export_keeps_the_old_export_and_exits_143(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ['export']  # no temporary left beside it
 
 
-@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT])
-def test_a_stopped_run_saves_its_step_and_resumes_with_the_uninterrupted_losses(
-        tmp_path, capsys, monkeypatch, signum):
+@pytest.mark.parametrize('signum, signal_at, stop', [
+    (signal.SIGTERM, 6, 7),  # after step 6's all-reduce: step 7 runs and is saved
+    (signal.SIGINT, 3, 4),   # step 4 sees it: its evaluation is abandoned, its checkpoint kept
+])
+def test_a_stopped_run_saves_its_step_once_and_resumes_with_the_uninterrupted_losses(
+        tmp_path, capsys, monkeypatch, signum, signal_at, stop):
     import engine_helpers as helpers  # registers TinySegNet
     from psanet.core import checkpoint, train
     root = helpers.write_toy_dataset(str(tmp_path / 'toy'), num_train=4, num_val=2)
@@ -226,24 +229,27 @@ def test_a_stopped_run_saves_its_step_and_resumes_with_the_uninterrupted_losses(
                    save_dir=str(tmp_path / 'whole'), **flags) == 0
     log_interval = train._log_interval
 
-    def signal_at_6(run, iteration, *args):  # after step 6's all-reduce: step 7 is the last
+    def send_signal(run, iteration, *args):
         log_interval(run, iteration, *args)
-        if iteration == 6:
+        if iteration == signal_at:
             os.kill(os.getpid(), signum)
-    monkeypatch.setattr(train, '_log_interval', signal_at_6)
+    monkeypatch.setattr(train, '_log_interval', send_signal)
     save_dir = tmp_path / 'stopped'
     capsys.readouterr()
     assert run_cli(train.train_from_config, save_dir=str(save_dir), **flags) == 128 + signum
     monkeypatch.undo()
     out, err = capsys.readouterr()
-    stop = save_dir / 'iter_7'
+    path = save_dir / f'iter_{stop}'
     what = 'stopped by SIGTERM' if signum == signal.SIGTERM else 'interrupted (Ctrl-C)'
     assert err.strip().splitlines()[-1] == \
-        f'error: training {what} after iteration 7; its checkpoint is {stop}'
-    assert f"resume with: the same call with resume_model='{stop}'" in out
-    assert checkpoint.checkpoint_iteration(str(stop)) == 7
-    assert sorted(os.listdir(save_dir)) == ['best_model', 'iter_4', 'iter_7', 'train.log']
+        f'error: training {what} after iteration {stop}; its checkpoint is {path}'
+    assert f"resume with: the same call with resume_model='{path}'" in out
+    assert checkpoint.checkpoint_iteration(str(path)) == stop
+    assert (save_dir / 'train.log').read_text().count(f'Saved checkpoint {path}\n') == 1
+    kept = ['best_model', 'iter_4', 'iter_7'] if stop == 7 else ['iter_4']
+    assert sorted(os.listdir(save_dir)) == kept + ['train.log']
+    assert ('Evaluation at iter 4 abandoned for the stop.' in out) == (stop == 4)
     resumed = {}
     assert run_cli(lambda **f: resumed.update(train.train_from_config(**f)),
-                   save_dir=str(save_dir), resume_model=str(stop), **flags) == 0
-    assert resumed['start_iter'] == 7 and resumed['losses'] == whole['losses'][7:]
+                   save_dir=str(save_dir), resume_model=str(path), **flags) == 0
+    assert resumed['start_iter'] == stop and resumed['losses'] == whole['losses'][stop:]

@@ -31,7 +31,7 @@ RANK = os.path.join(ROOT, 'tests', 'preemption_rank.py')
 MINI = os.path.join(ROOT, 'configs', 'psanet', 'psanet_resnet18_os8_mini_cityscapes_128x64_100.yml')
 TRIALS = max(int(os.environ.get('PSANET_PREEMPTION_TRIALS', '10')), 1)
 CASES = ('launcher', 'group', 'rank')
-ITERS = 6          # iterations of every run; the signal comes after step 1 to 3
+ITERS = 6          # iterations of every run; the signal comes after step 1, 2 or 3
 SAVE_INTERVAL = 4  # a checkpoint and an evaluation at 4: some stops land next to them
 START = 240        # seconds a launch may take to reach its signalled step, under load
 BOUND = 60         # seconds from the signal to the end of every process (the launcher
@@ -132,9 +132,9 @@ def _busy_loops():
             for _ in range(os.cpu_count() or 1)]
 
 
-def _trial(work, number, case, step, rng, config):
-    launcher, out = _launch(work, f'trial{number}', _flags(config, os.path.join(work, f'run{number}'))
-                            + ['--do_eval'])
+def _trial(work, number, case, step, delay, rng, config):
+    save_dir = os.path.join(work, f'run{number}')
+    launcher, out = _launch(work, f'trial{number}', _flags(config, save_dir) + ['--do_eval'])
     result = {'trial': number, 'case': case, 'step': step, 'problems': []}
     everyone, busy = [launcher.pid], []
     try:
@@ -156,7 +156,7 @@ def _trial(work, number, case, step, rng, config):
             result['problems'].append(f'step {step} not reached in {START} s (launcher '
                                       f'{launcher.poll()})')
             return result, out
-        time.sleep(rng.uniform(0, 0.5))  # anywhere in the next step
+        time.sleep(rng.uniform(0, delay))  # anywhere in the next step
         everyone = _tree(launcher.pid)
         sent = time.monotonic()
         if case == 'launcher':
@@ -256,7 +256,11 @@ def preempted(tmp_path_factory):
     started = time.monotonic()
     for number in range(TRIALS):
         case = CASES[number % len(CASES)]
-        result, out = _trial(work, number, case, rng.randint(1, 3), rng, config)
+        if case == 'rank':  # alternately before the evaluation and in its step
+            step, delay = (SAVE_INTERVAL - 1, 0.5) if number // 3 % 2 else (1, 0.0)
+        else:
+            step, delay = rng.randint(1, 3), 0.5
+        result, out = _trial(work, number, case, step, delay, rng, config)
         _check_trial(result, out, os.path.join(work, f'run{number}'))
         trials.append(result)
     trials_seconds = time.monotonic() - started
@@ -296,6 +300,10 @@ def test_every_rank_stops_after_the_same_step_with_its_checkpoint(preempted):
     assert not failed, _report(failed)
     assert len(trials) == TRIALS and {t['case'] for t in trials} == set(CASES[:TRIALS])
     assert all(t['seconds'] < BOUND for t in trials)
+    # A rank signalled alone: both stops happened, after a plain step (the loss's all-reduce
+    # carries the stop) and in an evaluation's step (the evaluation's sum carries it too).
+    at_evaluation = {t['stop'] % SAVE_INTERVAL == 0 for t in trials if t['case'] == 'rank'}
+    assert at_evaluation == ({False, True} if TRIALS >= 6 else {False}), trials
 
 
 def test_dataloader_workers_leave_signals_to_their_rank(preempted):
