@@ -31,8 +31,8 @@ RANK = os.path.join(ROOT, 'tests', 'preemption_rank.py')
 MINI = os.path.join(ROOT, 'configs', 'psanet', 'psanet_resnet18_os8_mini_cityscapes_128x64_100.yml')
 TRIALS = max(int(os.environ.get('PSANET_PREEMPTION_TRIALS', '10')), 1)
 CASES = ('launcher', 'group', 'rank')
-ITERS = 6          # iterations of every run; the signal comes after step 1, 2 or 3
-SAVE_INTERVAL = 4  # a checkpoint and an evaluation at 4: some stops land next to them
+ITERS = 7          # iterations of every run; the signal comes after step 1 to 4
+SAVE_INTERVAL = 5  # a checkpoint and an evaluation at 5: some stops land next to them
 START = 240        # seconds a launch may take to reach its signalled step, under load
 BOUND = 60         # seconds from the signal to the end of every process (the launcher
 #                    itself kills its ranks 30 s after forwarding SIGTERM)
@@ -259,7 +259,7 @@ def preempted(tmp_path_factory):
         if case == 'rank':  # alternately before the evaluation and in its step
             step, delay = (SAVE_INTERVAL - 1, 0.5) if number // 3 % 2 else (1, 0.0)
         else:
-            step, delay = rng.randint(1, 3), 0.5
+            step, delay = rng.randint(1, SAVE_INTERVAL - 1), 0.5
         result, out = _trial(work, number, case, step, delay, rng, config)
         _check_trial(result, out, os.path.join(work, f'run{number}'))
         trials.append(result)
