@@ -10,6 +10,7 @@ work at its next step, batch or image (:mod:`psanet.interrupts`): one line and
 exit code 130 or 143.
 The inputs themselves are checked by the library functions the scripts call.
 """
+import signal
 import sys
 
 # compat first: it filters Paddle's "No ccache found" notice before paddle is imported.
@@ -50,7 +51,14 @@ def run_cli(function, *args, **kwargs):
 
 
 def exit_with(code):
-    """Ends the process with ``code``, the command lines' last call."""
+    """Ends the process with ``code``, the command lines' last call.
+
+    After a stop (130, 143) SIGTERM is ignored while the process exits: the run
+    has saved, and ``paddle.distributed.launch`` sends SIGTERM to the ranks
+    still exiting once one has exited, which would turn their 143 into a kill.
+    """
+    if code in (130, 143):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     sys.exit(code)
 
 

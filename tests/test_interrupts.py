@@ -100,10 +100,15 @@ def test_an_error_after_a_signal_keeps_its_traceback():
 
 
 LOOP = textwrap.dedent('''
-    import sys, time
+    import atexit, sys, time
     sys.path.insert(0, {root!r})
     from psanet import interrupts
     from psanet.cli import exit_with, run_cli
+
+    @atexit.register
+    def slow_exit():  # as Paddle's exit takes seconds
+        print('exiting', flush=True)
+        time.sleep(2)
 
     def work():
         print('working', flush=True)
@@ -134,12 +139,14 @@ def test_a_second_ctrl_c_ends_the_process_at_once(tmp_path):
     assert process.returncode == -signal.SIGINT and 'Traceback' not in err
 
 
-def test_sigterm_again_is_the_same_request_and_the_boundary_stops(tmp_path):
+def test_sigterm_again_is_the_same_request_and_the_stopped_process_exits_143(tmp_path):
     with _loop(tmp_path, steps=20) as process:
         assert process.stdout.readline().strip() == 'working'
         for _ in range(3):  # what paddle.distributed.launch sends, 0.2 s apart
             process.send_signal(signal.SIGTERM)
             time.sleep(0.2)
+        assert process.stdout.readline().strip() == 'exiting'
+        process.send_signal(signal.SIGTERM)  # the launcher's, once another rank has exited
         _, err = finish(process, 60)
     assert process.returncode == 143 and err.strip() == 'error: stopped by SIGTERM'
 
