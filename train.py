@@ -18,7 +18,12 @@ from psanet.core.train import train_from_config  # noqa: E402
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description='PSANet training (PaddleSeg flags).')
+    parser = argparse.ArgumentParser(
+        description='PSANet training (PaddleSeg flags).',
+        epilog='SIGTERM (a scheduler preempting the job) or Ctrl-C: the run ends after its step (or '
+        'the next one), saves iter_<step> in --save_dir, logs the command that resumes from it and exits 143 '
+        '(130 for Ctrl-C); a second Ctrl-C ends it at once. Under paddle.distributed.launch '
+        'every rank stops after the same step.')
     parser.add_argument('--config', required=True, help='The config file.')
     parser.add_argument('--device', choices=['cpu', 'gpu'], default=None,
                         help='Default: gpu when Paddle sees one, else cpu.')

@@ -5,12 +5,11 @@ deploy/python/infer.py) parse flags and call their work through
 :func:`run_cli`: it configures the logger once (:func:`psanet.log.setup_logging`);
 a :class:`~psanet.errors.UserError` becomes one readable ``error: ...`` line
 on stderr and exit code 2, without a traceback; any other exception is a bug
-and keeps its traceback. Ctrl-C and SIGTERM (what job schedulers send) become
-:class:`~psanet.errors.Interrupted` (:mod:`psanet.interrupts`), one line and exit
-code 130 or 143.
+and keeps its traceback. Ctrl-C and SIGTERM (what job schedulers send) stop the
+work at its next step, batch or image (:mod:`psanet.interrupts`): one line and
+exit code 130 or 143.
 The inputs themselves are checked by the library functions the scripts call.
 """
-import os
 import signal
 import sys
 
@@ -26,8 +25,8 @@ __all__ = ['exit_with', 'run_cli', 'add_model_flags', 'add_inference_flags']
 def run_cli(function, *args, **kwargs):
     """Calls ``function``; returns 0, or an exit code after printing one ``error:`` line.
 
-    2 for a user error, 130 for Ctrl-C, 143 for SIGTERM (raised as Ctrl-C is
-    while ``function`` runs).
+    2 for a user error; for Ctrl-C and SIGTERM, which ``function``'s loops stop
+    at their next boundary (:mod:`psanet.interrupts`), 130 and 143.
 
     Args:
         function (callable): the work of a command line, e.g. ``train_from_config``.
@@ -37,58 +36,29 @@ def run_cli(function, *args, **kwargs):
         int: the process exit code.
     """
     setup_logging()
-    with interrupts.signals_raise():
+    with interrupts.stop_at_boundaries():
         try:
             function(*args, **kwargs)
         except UserError as error:
             print(f'error: {error}', file=sys.stderr, flush=True)
             return 2
-        except KeyboardInterrupt as stop:
-            return _interrupted(stop if isinstance(stop, Interrupted) else
-                                interrupts.interrupted_error(signal.SIGINT))
-        except Exception:
-            signum = interrupts.pending()
-            if signum is None:
-                raise
-            # What the signal broke on its way (a DataLoader whose workers it ended).
-            return _interrupted(interrupts.interrupted_error(signum))
+        except Interrupted as stop:
+            if line_cut():  # a progress bar left half-way: the error goes on a line of its own
+                print(file=sys.stdout, flush=True)
+            print(f'error: {stop}', file=sys.stderr, flush=True)
+            return stop.exit_code
     return 0
-
-
-def _interrupted(stop):
-    if line_cut():  # the signal cut a log line short: the error goes on a line of its own
-        print(file=sys.stdout, flush=True)
-    print(f'error: {stop}', file=sys.stderr, flush=True)
-    return stop.exit_code
 
 
 def exit_with(code):
     """Ends the process with ``code``, the command lines' last call.
 
-    After Ctrl-C or SIGTERM (130, 143) the process ends at once, once its output
-    is flushed: the training's ``finally`` blocks have run (checkpoints whole,
-    temporaries gone), but Paddle's C++ teardown of a process stopped mid-step
-    can abort ("terminate called without an active exception"), which would
-    turn exit 143 into a SIGABRT. Worker processes are ended and the exit
-    functions run first (Paddle's clean-up of /dev/shm among them), as a normal
-    exit would. Any other code exits normally.
+    After a stop (130, 143) SIGTERM is ignored while the process exits: the run
+    has saved, and ``paddle.distributed.launch`` sends SIGTERM to the ranks
+    still exiting once one has exited, which would turn their 143 into a kill.
     """
     if code in (130, 143):
-        import atexit
-        import multiprocessing
-        import time
-        # DataLoader workers ignore signals (psanet.interrupts.worker_init) and end once
-        # the loader is shut down; kill those that have not ended within seconds.
-        deadline = time.monotonic() + 5
-        for child in multiprocessing.active_children():
-            child.join(max(deadline - time.monotonic(), 0))
-            if child.is_alive():
-                child.kill()
-                child.join(1)
-        atexit._run_exitfuncs()  # logging's flush, Paddle's shared-memory clean-up
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     sys.exit(code)
 
 

@@ -16,6 +16,7 @@ import paddle
 import yaml
 from paddleseg.deploy.export import WrappedModel
 
+from psanet import interrupts
 from psanet.contract import (DEFAULT_TRANSFORMS, DEPLOY_FILE, DEPLOY_SECTION, DYNAMIC_INPUT_SHAPE,
                              INPUT_NAME, ONNX_FILE, OUTPUT_OPS, PALETTES, PARAMS_FILE,
                              PROGRAM_FILE, check_save_dir, get_image_list, palette_for,
@@ -207,6 +208,7 @@ def _write_export(model, val_transforms, save_dir, options, num_classes):
     if options.onnx:
         export_onnx(save_dir)
         deploy['onnx'] = ONNX_FILE
+    interrupts.raise_if_requested()  # before deploy.yaml: the old export stays whole
     with open(os.path.join(save_dir, DEPLOY_FILE), 'w') as f:
         yaml.safe_dump({DEPLOY_SECTION: deploy}, f, sort_keys=False)
 

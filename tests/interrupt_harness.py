@@ -12,11 +12,13 @@ targets one phase in turn, waits for a random number of its occurrences and a
 random moment within it (``PHASE_DELAY``), and sends SIGTERM or SIGINT to
 the run's main process or to its whole group (a terminal's Ctrl-C, a
 scheduler). (A signal before train.py's ``run_cli`` meets Paddle's handler or
-the default one; start-up here begins inside ``run_cli``.) A run must exit with 128 + the signal
-within ``--bound`` seconds, print no traceback, end with the one ``error:``
-line, leave no process of its group behind and no hidden temporary in its
-save_dir. A run that does not exit in time has its Python stacks dumped (the
-phase that hung) and its process group killed: the harness never hangs.
+the default one; start-up here begins inside ``run_cli``.) A run must exit
+with 128 + the signal within ``--bound`` seconds, print no traceback, end with
+the one ``error:`` line (stopped in training: naming the checkpoint of the
+step it stopped after, which must load and hold that iteration), leave no
+process of its group behind and no hidden temporary in its save_dir. A run
+that does not exit in time has its Python stacks dumped (the phase that hung)
+and its process group killed: the harness never hangs.
 ``--load N`` runs N busy-loop processes beside the trials.
 
 Prints one line per trial and, with ``--json FILE``, writes the results there.
@@ -27,6 +29,7 @@ import faulthandler
 import json
 import os
 import random
+import re
 import signal
 import sys
 import tempfile
@@ -146,11 +149,28 @@ def _check_ending(signum, status, log_text, save_dir):
     if not lines or not (lines[-1].startswith('error: ') and expected in lines[-1]):
         problems.append(f'the last line is {lines[-1] if lines else None!r}, not the '
                         f'"error: ... {expected}" line')
+    stop = re.search(r'after iteration (\d+); its checkpoint is (\S+)$', lines[-1] if lines else '')
+    if stop:  # stopped in training: the checkpoint of that step, whole
+        problems += _check_stop_checkpoint(int(stop.group(1)), stop.group(2), save_dir)
     if os.path.isdir(save_dir):
         hidden = [name for name in os.listdir(save_dir) if name.startswith('.')]
         if hidden:
             problems.append(f'hidden files left in save_dir: {hidden}')
     return problems
+
+
+def _check_stop_checkpoint(iteration, path, save_dir):
+    from psanet.core import checkpoint
+    if path != os.path.join(save_dir, f'iter_{iteration}'):
+        return [f'the stop names checkpoint {path}, not iter_{iteration} of {save_dir}']
+    try:
+        _, optimizer_state, state = checkpoint.load_checkpoint(path)
+    except Exception as error:  # noqa: B902  (any failure to load is the problem reported)
+        return [f'the checkpoint {path} of the stop does not load: {error}']
+    if state['iteration'] != iteration or not optimizer_state:
+        return [f'the checkpoint {path} holds iteration {state["iteration"]} (want {iteration})'
+                ' or no optimizer state']
+    return []
 
 
 def _busy_loops(count):

@@ -397,10 +397,10 @@ def test_a_signal_while_saving_leaves_whole_checkpoints(tmp_path, capsys, monkey
                           keep_checkpoint_max=1, seed=0)
     monkeypatch.undo()
     assert code == 128 + signum
-    last = os.path.join(save_dir, 'iter_2' if where == 'writing' else 'iter_4')
+    # The signal came after step 4's all-reduce: step 5 runs, and its checkpoint is saved.
+    last = os.path.join(save_dir, 'iter_5')
     what = 'stopped by SIGTERM' if signum == signal.SIGTERM else 'interrupted (Ctrl-C)'
-    assert error == (f'error: training {what}; its last checkpoint is {last}: continue with '
-                     f'--resume_model {last}')
+    assert error == f'error: training {what} after iteration 5; its checkpoint is {last}'
     assert sorted(os.listdir(save_dir)) == [os.path.basename(last), 'train.log']
     model, _, _, _ = _components(toy_config)
     ckpt.check_state_fits(model, ckpt.load_checkpoint(last)[0], last, '')
@@ -455,8 +455,8 @@ def test_sigterm_ends_train_py_with_one_line_and_whole_checkpoints(tmp_path, cap
         time.sleep(0.1)
     assert not _processes_mentioning(save_dir)
     lines = [line for line in err.splitlines() if line.strip()]
-    assert lines[-1].startswith('error: training stopped by SIGTERM; its last checkpoint is ')
-    last = lines[-1].split('--resume_model ')[1]
+    assert lines[-1].startswith('error: training stopped by SIGTERM after iteration ')
+    last = lines[-1].split('; its checkpoint is ')[1]
     checkpoints = ckpt.list_checkpoints(save_dir)
     assert checkpoints and last == checkpoints[-1][1]
     assert not [n for n in os.listdir(save_dir) if n.startswith('.')]

@@ -160,9 +160,8 @@ class EvalBatchSampler(paddle.io.DistributedBatchSampler):
 
 
 class _Loader(paddle.io.DataLoader):
-    """A DataLoader that a signal stops cleanly (:mod:`psanet.interrupts`): its workers
-    fork with signals deferred and leave them to the main process, and a pass left early
-    shuts them down."""
+    """A DataLoader whose workers leave signals to the main process
+    (:func:`psanet.interrupts.worker_init`) and whose pass, left early, shuts them down."""
 
     def __init__(self, reader, batch_sampler, num_workers):
         super().__init__(reader, batch_sampler=batch_sampler, num_workers=num_workers,
@@ -170,10 +169,8 @@ class _Loader(paddle.io.DataLoader):
                          worker_init_fn=interrupts.worker_init)
 
     def __iter__(self):
-        with interrupts.deferred():
-            batches = super().__iter__()
+        batches = super().__iter__()
         try:
-            interrupts.raise_if_interrupted()
             yield from batches
         finally:
             compat.shut_down_loader(batches)

@@ -67,7 +67,7 @@ def predict(model, transforms, image_list, save_dir='output/result', options=Non
     # PaddleSeg's predict shows this bar; only rank 0 updates it.
     with paddle.no_grad(), progress_bar(len(mine)) as bar:
         for image, relative in read_images(mine, unreadable, logger):
-            interrupts.raise_if_interrupted()
+            interrupts.raise_if_requested()
             data = compose({'img': image.astype('float32'), 'trans_info': []})
             tensor = paddle.to_tensor(data['img'][np.newaxis])
             score = inference.inference(model, tensor, data['trans_info'], options)

@@ -10,14 +10,12 @@ import contextlib
 import errno
 import fcntl
 import os
-import signal
 import socket
 import time
 
-from psanet import interrupts
 from psanet.core import checkpoint as ckpt
 from psanet.core import dist
-from psanet.errors import ConfigError, Interrupted
+from psanet.errors import ConfigError
 from psanet.log import get_logger
 
 __all__ = ['LOCK_FILE', 'BEST_MODEL', 'own_save_dir', 'clear_overwritten']
@@ -43,20 +41,16 @@ def own_save_dir(save_dir, resume_model=None, overwrite=False, logger=None):
     Raises:
         ConfigError: on every rank, when the folder holds another run's checkpoints or
             another process trains in it.
-        Interrupted: for Ctrl-C or SIGTERM within the block, naming the checkpoint to
-            resume from.
     """
     key = os.path.realpath(save_dir)
     lock, error, in_the_way = None, None, []
     if dist.is_main_process():
-        # A signal while the lock file is made would leave it behind: raised once it is held.
-        with interrupts.deferred():
-            try:
-                lock = _SaveDirLock(save_dir, logger)
-                ckpt.remove_stale_temporaries(save_dir)
-                in_the_way = _refuse_or_clear(save_dir, resume_model, overwrite)
-            except Exception as caught:  # the other ranks must hear of it before anyone raises
-                error = caught
+        try:
+            lock = _SaveDirLock(save_dir, logger)
+            ckpt.remove_stale_temporaries(save_dir)
+            in_the_way = _refuse_or_clear(save_dir, resume_model, overwrite)
+        except Exception as caught:  # the other ranks must hear of it before anyone raises
+            error = caught
     try:
         if dist.all_reduce_sum([error is not None])[0] > 0:
             if error is not None:
@@ -65,23 +59,12 @@ def own_save_dir(save_dir, resume_model=None, overwrite=False, logger=None):
                               '(workerlog.0 with paddle.distributed.launch).')
         if lock is not None and in_the_way:
             _PENDING[key] = (in_the_way, logger)
-        interrupts.raise_if_interrupted()
         yield
-    except KeyboardInterrupt as stop:
-        raise Interrupted(_stopped_message(stop, save_dir, resume_model),
-                          getattr(stop, 'signum', signal.SIGINT)) from None
-    except Exception:
-        if interrupts.pending() is None:
-            raise
-        # What the signal broke on its way (a DataLoader whose workers it ended).
-        stop = interrupts.interrupted_error(interrupts.pending())
-        raise Interrupted(_stopped_message(stop, save_dir, resume_model), stop.signum) from None
     finally:
         _PENDING.pop(key, None)
         if lock is not None:
-            with interrupts.deferred():  # a signal now must not leave the lock file behind
-                ckpt.remove_stale_temporaries(save_dir)
-                lock.release()
+            ckpt.remove_stale_temporaries(save_dir)
+            lock.release()
 
 
 def _names(paths):
@@ -142,16 +125,6 @@ def _refuse_or_clear(save_dir, resume_model, overwrite):
                 f'them and mix with the others. Pick a new --save_dir{latest}, or pass '
                 '--overwrite to delete them and start over.')
     return in_the_way
-
-
-def _stopped_message(stop, save_dir, resume_model):
-    what = str(stop) if isinstance(stop, Interrupted) else 'interrupted (Ctrl-C)'
-    checkpoints = ckpt.list_checkpoints(save_dir)
-    last = checkpoints[-1][1] if checkpoints else resume_model
-    if last is None:
-        return (f'training {what} before its first checkpoint, so there is nothing to resume: '
-                'start again (a lower --save_interval saves sooner).')
-    return f'training {what}; its last checkpoint is {last}: continue with --resume_model {last}'
 
 
 class _SaveDirLock:

@@ -6,6 +6,9 @@
 """
 import dataclasses
 import os
+import shlex
+import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
@@ -21,7 +24,7 @@ from psanet.core.loader import build_train_loader, raise_if_error
 from psanet.core.runtime import amp_enabled, autocast, on_gpu, set_device, to_plain_batchnorm
 from psanet.core.options import InferenceOptions, TrainOptions
 from psanet.core.val import evaluate
-from psanet.errors import ConfigError, TrainingError
+from psanet.errors import ConfigError, Interrupted, TrainingError
 from psanet.log import get_logger, log_file, setup_logging
 from psanet.visualize import class_names, log_evaluation_figures
 
@@ -225,10 +228,12 @@ class _Run:
 
 
 class _Step(NamedTuple):
-    """One iteration's loss terms: the mean over ranks and this rank's; the LR it used."""
+    """One iteration's loss terms: the mean over ranks and this rank's; the LR it used;
+    whether a rank was signalled (every rank then stops after this step)."""
     terms: np.ndarray
     local_terms: np.ndarray
     lr: float
+    stop: bool
 
 
 def train(model, train_dataset, optimizer, losses, options, val_dataset=None, logger=None):
@@ -256,8 +261,9 @@ def train(model, train_dataset, optimizer, losses, options, val_dataset=None, lo
         ConfigError: when save_dir holds another run's checkpoints or another process
             trains in it.
         CheckpointError: when resume_model does not fit the model.
-        Interrupted: on Ctrl-C, or SIGTERM within ``psanet.interrupts.signals_raise`` (as under
-            ``run_cli``), naming the checkpoint to resume from.
+        Interrupted: after the step in which Ctrl-C or SIGTERM came (recorded within
+            ``psanet.interrupts.stop_at_boundaries``, as under ``run_cli``), once its
+            checkpoint is saved; the message names it.
     """
     options.check_schedule()
     if logger is None:
@@ -329,7 +335,6 @@ def _train_loop(run, state):
         run.reader.set_epoch(epoch)
         epoch_start_iteration = state.iteration
         for data in run.loader:
-            interrupts.raise_if_interrupted()
             reader_cost = time.time() - batch_start
             raise_if_error(data)
             state.iteration += 1
@@ -340,9 +345,11 @@ def _train_loop(run, state):
             last = state.iteration == options.iters
             if state.iteration % options.log_iters == 0 or last:
                 _log_interval(run, state.iteration, averager, step.lr)
+            stop = step.stop
             if state.iteration % options.save_interval == 0 or last:
-                _evaluate_and_checkpoint(run, state)
-            interrupts.raise_if_interrupted()
+                stop = _evaluate_and_checkpoint(run, state) or stop
+            if stop and not last:
+                _stop(run, state)
             batch_start = time.time()
             if state.iteration >= options.iters:
                 break
@@ -454,7 +461,9 @@ def _train_step(run, state, data, epoch):
         terms = loss_terms(logits, data['label'], run.losses)
         loss = paddle.add_n(terms) if len(terms) > 1 else terms[0]
     local_terms = paddle.stack([t.detach().astype('float32') for t in terms]).numpy()
-    mean_terms = dist.all_reduce_sum(local_terms) / run.world_size
+    # The stop request travels with the loss: all ranks see it after the same step.
+    summed = dist.all_reduce_sum(np.append(local_terms, interrupts.requested() is not None))
+    mean_terms, stop = summed[:-1] / run.world_size, bool(summed[-1] > 0)
     if not np.all(np.isfinite(mean_terms)):
         raise _not_finite_error(mean_terms, state, epoch, run.options.save_interval)
     if run.scaler is not None:
@@ -468,7 +477,7 @@ def _train_step(run, state, data, epoch):
     if run.scheduler is not None:
         run.scheduler.step()
     run.optimizer.clear_grad()
-    return _Step(mean_terms, local_terms, lr)
+    return _Step(mean_terms, local_terms, lr, stop)
 
 
 def _not_finite_error(mean_terms, state, epoch, save_interval):
@@ -508,19 +517,67 @@ def _log_interval(run, iteration, averager, lr):
 
 
 def _evaluate_and_checkpoint(run, state):
-    """Evaluates (with a val_dataset), keeps the best model, saves iter_<iteration>."""
+    """Evaluates (with a val_dataset), keeps the best model, saves iter_<iteration>.
+
+    Returns:
+        bool: True when a signal abandoned the evaluation (the checkpoint is saved).
+    """
     # Plain BatchNorm statistics differ per process: evaluate and save rank 0's,
     # and let every rank continue from them, as a resumed run does.
     dist.broadcast_buffers(run.model)
+    stopped = False
     if run.val_dataset is not None:
-        _evaluate(run, state)
-    checkpoint_state = _checkpoint_state(run, state)
+        try:
+            _evaluate(run, state)
+        except Interrupted:  # every rank raises it (psanet.core.val): the run stops
+            run.model.train()
+            run.logger.info(f'Evaluation at iter {state.iteration} abandoned for the stop.')
+            stopped = True
+    _save_checkpoint(run, state)
+    return stopped
+
+
+def _save_checkpoint(run, state):
     path = os.path.join(run.options.save_dir, f'iter_{state.iteration}')
     if run.main:
-        ckpt.save_checkpoint(path, run.model, run.optimizer, checkpoint_state)
+        ckpt.save_checkpoint(path, run.model, run.optimizer, _checkpoint_state(run, state))
         ckpt.prune_checkpoints(run.options.save_dir, run.options.keep_checkpoint_max)
         run.logger.info(f'Saved checkpoint {path}')
     state.last_checkpoint = path
+
+
+def _stop(run, state):
+    """Ends the run after the step in which a signal came: saves the step's checkpoint
+    (unless it has one), logs how to resume and raises :class:`Interrupted`."""
+    path = os.path.join(run.options.save_dir, f'iter_{state.iteration}')
+    if state.last_checkpoint != path:
+        _save_checkpoint(run, state)
+    # No rank exits before rank 0 has written: the launcher ends the others when one exits.
+    dist.all_reduce_sum([0])
+    signum = interrupts.requested() or signal.SIGTERM  # a rank stopping for another's signal
+    run.logger.info(f'resume with: {_resume_command(path, run.world_size)}')
+    what = 'interrupted (Ctrl-C)' if signum == signal.SIGINT else 'stopped by SIGTERM'
+    raise interrupts.stopped(signum, f'training {what} after iteration {state.iteration}; '
+                                     f'its checkpoint is {path}')
+
+
+def _resume_command(path, world_size):
+    """train.py's command line with ``--resume_model path`` (and no other --resume_model)."""
+    argv = sys.argv
+    if os.path.basename(argv[0]) != 'train.py':
+        return f'the same call with resume_model={path!r}'
+    kept, skip = [], False
+    for arg in argv[1:]:
+        if skip or arg.startswith('--resume_model='):
+            skip = False
+            continue
+        if arg == '--resume_model':
+            skip = True
+            continue
+        kept.append(arg)
+    launch = (['-m', 'paddle.distributed.launch', '--nproc_per_node', str(world_size)]
+              if world_size > 1 else [])
+    return shlex.join(['python'] + launch + [argv[0]] + kept + ['--resume_model', path])
 
 
 def _evaluate(run, state):

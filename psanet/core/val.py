@@ -9,6 +9,7 @@ named ``<city>_<seq>_<frame>_labelIds.png`` for the official evaluator
 raw class ids for other datasets.
 """
 import os
+import signal
 import time
 
 import numpy as np
@@ -125,7 +126,8 @@ def evaluate(model, dataset, options=None, num_workers=0, losses=None, save_dir=
     # PaddleSeg's evaluate shows this bar; only rank 0 updates it.
     with paddle.no_grad(), progress_bar(total, print_detail) as bar:
         for step, data in enumerate(loader):
-            interrupts.raise_if_interrupted()
+            if interrupts.requested():
+                break  # every rank hears of the stop in the sum below
             reader_cost.record(time.time() - start)
             raise_if_error(data)
             image, label = data['img'], data['label']
@@ -157,7 +159,11 @@ def evaluate(model, dataset, options=None, num_workers=0, losses=None, save_dir=
             reader_cost.reset()
             start = time.time()
     summed = dist.all_reduce_sum(np.concatenate([areas.ravel(), confusion.ravel(),
-                                                 [loss_sum, loss_count]]))
+                                                 [loss_sum, loss_count,
+                                                  interrupts.requested() is not None]]))
+    if summed[-1] > 0:  # a rank was signalled: all abandon the evaluation
+        raise interrupts.stopped(interrupts.requested() or signal.SIGTERM)
+    summed = summed[:-1]
     counts = np.rint(summed[:-2]).astype('int64')
     areas = counts[:areas.size].reshape(3, num_classes)
     result = summarize(areas)

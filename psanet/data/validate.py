@@ -20,6 +20,7 @@ import cv2
 import numpy as np
 from PIL import Image
 
+from psanet import interrupts
 from psanet.errors import DatasetError, few, unreadable_image
 
 __all__ = ['check_dataset_root', 'check_dataset_config',
@@ -268,6 +269,7 @@ def _label_fix(root, is_cityscapes):
 
 def _read_sample(pair, memory):
     """(image facts, label facts, whether a file was read); a fact is a dict or an error string."""
+    interrupts.raise_if_requested()  # each image is a boundary; pool.map raises it
     image_path, label_path = pair
     image, image_fresh = memory.get(image_path, _read_image, ('shape', ))
     if label_path is None:

@@ -90,7 +90,7 @@ def infer(config, image_path, save_dir='./output', batch_size=1, benchmark=False
     written, unreadable = [], []
     for number, chunk in enumerate(_readable_batches(images, int(batch_size), unreadable,
                                                      logger, timer)):
-        interrupts.raise_if_interrupted()
+        interrupts.raise_if_requested()
         originals = [image for image, _ in chunk]
         names = [relative for _, relative in chunk]
         if benchmark and number == 0:
