@@ -3,8 +3,9 @@
 The top-level scripts (train.py, val.py, predict.py, export.py,
 deploy/python/infer.py) parse flags and call their work through
 :func:`run_cli`: it configures the logger once (:func:`psanet.log.setup_logging`);
-a :class:`~psanet.errors.UserError` becomes one readable ``error: ...`` line
-on stderr and exit code 2, without a traceback; any other exception is a bug
+a :class:`~psanet.errors.UserError`, or an op library that cannot be built here,
+becomes one readable ``error: ...`` line on stderr and exit code 2, without a
+traceback; any other exception is a bug
 and keeps its traceback. Ctrl-C and SIGTERM (what job schedulers send) stop the
 work at its next step, batch or image (:mod:`psanet.interrupts`): one line and
 exit code 130 or 143.
@@ -17,6 +18,7 @@ import sys
 from psanet import compat  # noqa: F401
 from psanet import interrupts
 from psanet.errors import Interrupted, UserError
+from psanet.ops.loader import OpLibraryError
 from psanet.log import line_cut, setup_logging
 
 __all__ = ['exit_with', 'run_cli', 'add_model_flags', 'add_inference_flags']
@@ -39,7 +41,7 @@ def run_cli(function, *args, **kwargs):
     with interrupts.stop_at_boundaries():
         try:
             function(*args, **kwargs)
-        except UserError as error:
+        except (UserError, OpLibraryError) as error:
             print(f'error: {error}', file=sys.stderr, flush=True)
             return 2
         except Interrupted as stop:

@@ -8,7 +8,7 @@ import textwrap
 
 import numpy as np
 
-from conftest import ROOT, run_process
+from conftest import MINI_CONFIG, ROOT, run_process
 from psa_mask_reference import reference_forward
 from psanet.ops import build, loader
 
@@ -63,3 +63,24 @@ def test_a_cut_short_cached_library_is_built_again(tmp_path):
                                   reference_forward(x, 'distribute', 3, 4))
     assert os.path.getsize(library) > len(head)
     assert loader.cache_dir() != str(cache)  # this process's cache was left alone
+
+
+def test_a_cache_folder_that_cannot_be_written_is_one_line_from_train_py(tmp_path,
+                                                                           mini_cityscapes):
+    blocker = tmp_path / 'a_file'
+    blocker.write_text('not a folder')
+    cache = blocker / 'ops'  # below a file: no user, root included, can make it
+    done = run_process([sys.executable, os.path.join(ROOT, 'train.py'), '--config', MINI_CONFIG,
+                        '--device', 'cpu', '--save_dir', str(tmp_path / 'out'), '--iters', '1',
+                        '--batch_size', '2',
+                        '--num_workers', '0', '--opts',
+                        f'train_dataset.dataset_root={mini_cityscapes}',
+                        f'val_dataset.dataset_root={mini_cityscapes}'], cwd=str(tmp_path), capture_output=True,
+                       text=True, timeout=600, env=_environment(cache))
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert 'Traceback' not in done.stderr, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith('error: ')]
+    assert len(errors) == 1, done.stderr[-3000:]
+    folder = os.path.join(str(cache), build.source_hash(cpu_fallback=True))
+    assert errors[0].startswith(f'error: cannot build the psa_mask op into {folder}: '), errors
+    assert f'Set PSANET_OPS_CACHE to a folder you can write (now: {cache})' in errors[0]

@@ -25,6 +25,11 @@ _loaded_path = None
 _handle = None
 
 
+class OpLibraryError(RuntimeError):
+    """The op library cannot be built or cached here; the message names the folder and the
+    fix (the command lines print it as one line: psanet.cli)."""
+
+
 def cache_dir():
     return os.environ.get('PSANET_OPS_CACHE',
                           os.path.join(os.path.expanduser('~'), '.cache', 'psanet', 'ops'))
@@ -38,8 +43,15 @@ def library_path():
     path = os.path.join(folder, build.LIBRARY_NAME + '.so')
     if os.path.isfile(path):
         return path
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, 'build.lock'), 'w') as lock:
+    try:
+        os.makedirs(folder, exist_ok=True)
+        lock = open(os.path.join(folder, 'build.lock'), 'w')
+    except OSError as error:
+        raise OpLibraryError(
+            f'cannot build the psa_mask op into {folder}: {error.strerror or error}. Set '
+            f'PSANET_OPS_CACHE to a folder you can write (now: {cache_dir()}), or install '
+            'the op ahead of time (pip install --no-build-isolation .).') from error
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             if not os.path.isfile(path):  # another process may have built it meanwhile
