@@ -24,13 +24,15 @@ from psanet.core.config import ComponentBuilder, load_config
 from psanet.deploy.config import DeployConfig
 from psanet.deploy.predictor import OnnxRunner, PaddleRunner, PredictorOptions
 from psanet.deploy.processing import preprocess
+from psanet.deploy.quantize import (INT8_FILE, check_calib_images, check_quantize_tools,
+                                    quantize_export)
 from psanet.errors import ConfigError
 from psanet.log import get_logger
 from psanet.ops import psa_impl as use_psa_impl
 from psanet.ops.psa_mask import _IMPLS as PSA_IMPLS
 
 __all__ = ['ExportOptions', 'exported_layer', 'export_model', 'export_onnx', 'export_from_config',
-           'parse_input_shape', 'compare_with_dygraph']
+           'parse_input_shape', 'compare_with_dygraph', 'onnx_tools_installed']
 
 ONNX_OPSET = 13
 
@@ -93,6 +95,10 @@ class ExportOptions:
             and onnxruntime). Default: False.
         palette (str, optional): Colours of the deployed predictions, 'cityscapes' or
             'default' (:func:`psanet.contract.palette_for`). Default: 'default'.
+        quantize (str, optional): 'int8' also writes model_int8.onnx, quantised with
+            calibration images (:mod:`psanet.deploy.quantize`; needs ``onnx``). Default: None.
+        calib_images (str, optional): The calibration images (folder, image or list file).
+        calib_num (int, optional): How many calibration images to use. Default: 32.
 
     Raises:
         ConfigError: for an option that cannot work, naming its flag.
@@ -102,6 +108,9 @@ class ExportOptions:
     psa_impl: str = 'custom'
     onnx: bool = False
     palette: str = 'default'
+    quantize: Optional[str] = None
+    calib_images: Optional[str] = None
+    calib_num: int = 32
 
     def __post_init__(self):
         for name, value, choices in (('--output_op', self.output_op, OUTPUT_OPS),
@@ -114,10 +123,24 @@ class ExportOptions:
                               '(paddle2onnx cannot convert custom operators).')
         if self.onnx:
             _check_onnx_tools()
+        if self.quantize is not None:
+            if self.quantize != 'int8':
+                raise ConfigError(f"--quantize must be int8, got {self.quantize!r}.")
+            if not self.onnx:
+                raise ConfigError('--quantize int8 quantises model.onnx: add --psa_impl paddle '
+                                  '--onnx.')
+            check_quantize_tools()
+            check_calib_images(self.calib_images, self.calib_num)
         object.__setattr__(self, 'input_shape', tuple(parse_input_shape(self.input_shape)))
 
 
 ONNX_INSTALL = 'pip install paddle2onnx onnxruntime'
+
+
+def onnx_tools_installed():
+    """True when paddle2onnx and onnxruntime can be imported (looked up, not imported)."""
+    import importlib.util
+    return all(importlib.util.find_spec(name) is not None for name in ('paddle2onnx', 'onnxruntime'))
 
 
 def _check_onnx_tools():
@@ -152,7 +175,7 @@ def export_model(model, val_transforms, save_dir, options=None, num_classes=None
     """
     options = options or ExportOptions()
     check_save_dir(save_dir)
-    export_files = {PROGRAM_FILE, PARAMS_FILE, ONNX_FILE, DEPLOY_FILE}
+    export_files = {PROGRAM_FILE, PARAMS_FILE, ONNX_FILE, INT8_FILE, DEPLOY_FILE}
     write_folder(save_dir, lambda folder: _write_export(
         model, val_transforms, folder, options, num_classes),
         carry_over=lambda name: name not in export_files and not name.startswith('.'))
@@ -194,6 +217,8 @@ def _write_export(model, val_transforms, save_dir, options, num_classes):
         deploy['onnx'] = ONNX_FILE
     with open(os.path.join(save_dir, DEPLOY_FILE), 'w') as f:
         yaml.safe_dump({DEPLOY_SECTION: deploy}, f, sort_keys=False)
+    if options.quantize:
+        quantize_export(save_dir, options.calib_images, options.calib_num)
 
 
 def export_onnx(save_dir):
@@ -223,7 +248,8 @@ def export_from_config(config, model_path, save_dir='output/inference_model',
             the dygraph model and the exported one (Paddle Inference on the CPU, oneDNN off
             and on; onnxruntime too with ``onnx``), logging how far they agree. Default: None.
         opts (list, optional): ``key=value`` config overrides. Default: None.
-        **flags: export.py's ``input_shape``, ``output_op``, ``psa_impl`` and ``onnx``
+        **flags: export.py's ``input_shape``, ``output_op``, ``psa_impl``, ``onnx``,
+            ``quantize``, ``calib_images`` and ``calib_num``
             (:class:`ExportOptions`); the palette follows the config's val dataset.
 
     Returns:
