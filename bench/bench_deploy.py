@@ -55,11 +55,11 @@ def _images(args, cfg, work):
     if args.val:
         from psanet.core.config import ComponentBuilder
         builder = ComponentBuilder(cfg)
-        val = builder.val_dataset.file_list[:args.num_images]
+        val = builder.dataset('val', check_labels='none').file_list[:args.num_images]
         calib = os.path.join(work, 'calib.txt')
         with open(calib, 'w') as f:
-            f.writelines(image + '\n' for image, _ in
-                         builder.train_dataset.file_list[:args.calib_num])
+            f.writelines(os.path.abspath(image) + '\n' for image, _ in
+                         builder.dataset('train', check_labels='none').file_list[:args.calib_num])
         return [image for image, _ in val], [label for _, label in val], calib
     generate_mini_cityscapes(os.path.join(work, 'data'), num_train=args.calib_num,
                              num_val=args.num_images, size=tuple(args.size), seed=0)
@@ -140,11 +140,14 @@ def main():
         runtimes.append((f'{runtime}, ONNX, pure-Paddle op',
                          create_runner(paddle_export, runtime, options).run))
         if runtime == 'openvino':
-            try:  # OpenVINO's Paddle frontend on Paddle 3's model.json
+            import openvino
+            from openvino.frontend import FrontEndManager
+            if FrontEndManager().load_by_framework('paddle').supported(paddle_export.model):
                 runner = OpenVinoRunner(paddle_export.model, paddle_export.input_shape, options)
                 runtimes.append(('openvino, model.json, pure-Paddle op', runner.run))
-            except Exception as error:  # the frontend's refusal is the finding
-                skipped.append(f'openvino on model.json ({str(error).splitlines()[0][:160]})')
+            else:
+                skipped.append(f"openvino on model.json (OpenVINO {openvino.__version__}'s "
+                               "Paddle frontend does not read Paddle 3's model.json)")
         if paddle_export.onnx_int8:
             runtimes.append((f'{runtime}, INT8 ONNX (convolutions)',
                              create_runner(paddle_export, runtime, options, int8=True).run))
