@@ -106,6 +106,15 @@ def test_the_int8_model_stays_close_to_the_float_one(export, backend):
         assert (got.argmax(0) == want.argmax(0)).mean() > 0.9
 
 
+def test_the_int8_default_is_openvino_where_installed(export, monkeypatch):
+    deploy = DeployConfig(export[0])
+    want = 'openvino' if runtimes.installed('openvino') else 'onnxruntime'
+    assert runtimes.default_runtime(deploy, int8=True) == want
+    monkeypatch.setattr(runtimes, 'installed', lambda name: name == 'paddle')
+    with pytest.raises(DeployError, match='INT8 model needs onnxruntime'):
+        runtimes.default_runtime(deploy, int8=True)
+
+
 def test_paddle_inference_is_refused_the_int8_model(export):
     with pytest.raises(DeployError, match='INT8 model is an ONNX model'):
         Segmenter.from_export(export[0], backend='paddle', int8=True)
