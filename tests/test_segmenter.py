@@ -109,8 +109,11 @@ def test_the_default_runtime_is_the_fastest_installed(checkpoint, monkeypatch):
     _, _, export, _ = checkpoint
     from psanet.deploy.config import DeployConfig
     deploy = DeployConfig(export)
-    assert runtimes.default_runtime(deploy) == 'onnxruntime'
+    fastest = 'openvino' if runtimes.installed('openvino') else 'onnxruntime'
+    assert runtimes.default_runtime(deploy) == fastest
     assert runtimes.default_runtime(deploy, device='gpu') == 'paddle'
+    monkeypatch.setattr(runtimes, 'installed', lambda runtime: runtime != 'openvino')
+    assert runtimes.default_runtime(deploy) == 'onnxruntime'
     monkeypatch.setattr(runtimes, 'installed', lambda runtime: runtime == 'paddle')
     assert runtimes.default_runtime(deploy) == 'paddle'
     monkeypatch.setitem(deploy.dic, 'onnx', None)

@@ -24,10 +24,8 @@ __all__ = ['RUNTIMES', 'PACKAGES', 'installed', 'default_runtime', 'create_runne
 RUNTIMES = ('paddle', 'onnxruntime', 'openvino')
 # The pip package of each optional runtime (Paddle Inference comes with paddlepaddle).
 PACKAGES = {'onnxruntime': 'onnxruntime', 'openvino': 'openvino'}
-# Fastest first, as measured on the CPU by bench/bench_deploy.py (docs/deploy.md): float
-# and INT8 apart, since OpenVINO runs the INT8 model far faster than onnxruntime does.
-CPU_ORDER = ('onnxruntime', 'openvino', 'paddle')
-INT8_ORDER = ('openvino', 'onnxruntime')
+# Fastest first, as measured on the CPU by bench/bench_deploy.py (docs/deploy.md).
+CPU_ORDER = ('openvino', 'onnxruntime', 'paddle')
 
 
 def installed(runtime):
@@ -52,10 +50,11 @@ def default_runtime(deploy, device='cpu', int8=False):
     if device != 'cpu':
         return 'paddle'
     has_onnx = (deploy.onnx_int8 if int8 else deploy.onnx) is not None
-    for runtime in INT8_ORDER if int8 else CPU_ORDER:
+    for runtime in CPU_ORDER:
         if runtime == 'paddle':
-            return runtime
-        if has_onnx and installed(runtime):
+            if not int8:  # the INT8 model is an ONNX model
+                return runtime
+        elif has_onnx and installed(runtime):
             return runtime
     if not has_onnx:
         raise DeployError(f'{deploy.path} names no INT8 model; quantise the export first: '
