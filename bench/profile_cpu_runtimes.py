@@ -14,6 +14,7 @@ import collections
 import json
 import os
 import sys
+import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -40,6 +41,8 @@ def main():
         batch = preprocess([args.image], deploy.build_transforms())[0]
     else:
         batch = np.random.RandomState(0).uniform(-1, 1, (1, 3, 128, 256)).astype('float32')
+    # Both profilers write files into the working folder: a temporary one.
+    os.chdir(tempfile.mkdtemp(prefix='profile_cpu_runtimes_'))
 
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = args.cpu_threads
