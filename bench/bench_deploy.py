@@ -20,6 +20,7 @@ runtime's mIoU against the labels is printed too.
 import argparse
 import glob
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -82,6 +83,14 @@ def _miou(labels, truths, num_classes, ignore=255):
 
 def main():
     args = parse_args()
+    work = tempfile.mkdtemp(prefix='bench_deploy_')
+    try:
+        run(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run(args, work):
     # Before Paddle loads its math libraries: every runtime gets the same threads.
     for name in ('OMP_NUM_THREADS', 'MKL_NUM_THREADS', 'OPENBLAS_NUM_THREADS'):
         os.environ[name] = str(args.cpu_threads)
@@ -104,7 +113,6 @@ def main():
     if args.model_path:
         load_model_weights(model, args.model_path)
     model.eval()
-    work = tempfile.mkdtemp(prefix='bench_deploy_')
     images, label_paths, calib = _images(args, cfg, work)
     transforms = cfg.dic['val_dataset']['transforms']
     exports = {}
