@@ -9,7 +9,8 @@ engine, export, deploy runtime, data tools) raises the same types.
 import signal
 
 __all__ = ['UserError', 'ConfigError', 'CheckpointError', 'TrainingError', 'DatasetError',
-           'UnreadableImagesError', 'InferenceMemoryError', 'DeployError', 'ArgumentError',
+           'UnreadableImagesError', 'InferenceMemoryError', 'DeployError', 'DiskFullError',
+           'ArgumentError',
            'Interrupted', 'few', 'unreadable_image']
 
 
@@ -39,6 +40,10 @@ class InferenceMemoryError(UserError, MemoryError):
 
 class DeployError(UserError, RuntimeError):
     """A deployment step failed for a reason the message names, with the fix."""
+
+
+class DiskFullError(UserError, OSError):
+    """A write failed for lack of space; the message names the folder and its free space."""
 
 
 class ArgumentError(ValueError):

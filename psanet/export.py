@@ -18,8 +18,9 @@ from paddleseg.deploy.export import WrappedModel
 
 from psanet.contract import (DEFAULT_TRANSFORMS, DEPLOY_FILE, DEPLOY_SECTION, DYNAMIC_INPUT_SHAPE,
                              INPUT_NAME, ONNX_FILE, OUTPUT_OPS, PALETTES, PARAMS_FILE,
-                             PROGRAM_FILE, check_save_dir, get_image_list, palette_for)
-from psanet.core.checkpoint import load_model_weights, write_folder
+                             PROGRAM_FILE, check_save_dir, get_image_list, palette_for,
+                             write_folder)
+from psanet.core.checkpoint import load_model_weights
 from psanet.core.config import ComponentBuilder, load_config
 from psanet.deploy.config import DeployConfig
 from psanet.deploy.predictor import OnnxRunner, PaddleRunner, PredictorOptions
@@ -32,7 +33,8 @@ from psanet.ops import psa_impl as use_psa_impl
 from psanet.ops.psa_mask import _IMPLS as PSA_IMPLS
 
 __all__ = ['ExportOptions', 'exported_layer', 'export_model', 'export_onnx', 'export_from_config',
-           'parse_input_shape', 'compare_with_dygraph', 'onnx_tools_installed']
+           'check_export_dir', 'parse_input_shape', 'compare_with_dygraph',
+           'onnx_tools_installed']
 
 ONNX_OPSET = 13
 
@@ -159,8 +161,9 @@ def export_model(model, val_transforms, save_dir, options=None, num_classes=None
     """Saves ``model`` for deployment; returns the path of ``deploy.yaml``.
 
     The files are written into a hidden folder beside ``save_dir`` that replaces
-    it once complete, so a failed export leaves the previous one whole. Files of
-    the old folder that are not export files stay.
+    it once complete, so a failed export leaves the previous one whole. Every entry
+    of the old folder that is not an export file stays (hidden ones and folders
+    included); its old export files go, so the folder holds what deploy.yaml names.
 
     Args:
         model (paddle.nn.Layer): A segmentation model whose forward returns a list of logits.
@@ -174,12 +177,25 @@ def export_model(model, val_transforms, save_dir, options=None, num_classes=None
         ConfigError: for a ``save_dir`` that cannot be a folder.
     """
     options = options or ExportOptions()
-    check_save_dir(save_dir)
+    check_export_dir(save_dir)
     export_files = {PROGRAM_FILE, PARAMS_FILE, ONNX_FILE, INT8_FILE, DEPLOY_FILE}
     write_folder(save_dir, lambda folder: _write_export(
         model, val_transforms, folder, options, num_classes),
-        carry_over=lambda name: name not in export_files and not name.startswith('.'))
+        carry_over=lambda name: name not in export_files)
     return os.path.join(save_dir, DEPLOY_FILE)
+
+
+def check_export_dir(save_dir):
+    """Raises ConfigError unless ``save_dir`` can be an export folder: one this process can
+    write, and one that can be renamed, as the swap of a finished export does (not the
+    current folder nor a mount point, such as a Docker volume). Nothing is created."""
+    check_save_dir(save_dir)
+    path = os.path.abspath(save_dir)
+    if os.path.isdir(path) and (os.path.ismount(path) or path == os.getcwd()):
+        what = 'the current folder' if path == os.getcwd() else 'a mount point'
+        raise ConfigError(f'--save_dir {save_dir} is {what}, which cannot be renamed: an export '
+                          'is written beside its folder and swapped in whole; pass a folder '
+                          f'below it, e.g. {os.path.join(save_dir, "inference_model")}.')
 
 
 def _write_export(model, val_transforms, save_dir, options, num_classes):
@@ -258,7 +274,9 @@ def export_from_config(config, model_path, save_dir='output/inference_model',
     logger = get_logger()
     # Checked before the model is built and loaded.
     options = ExportOptions(**flags)
-    check_save_dir(save_dir)
+    check_export_dir(save_dir)
+    if check_image_path:
+        get_image_list(check_image_path, flag='--check_image_path')
     paddle.set_device('cpu')
     cfg = load_config(config, opts=opts)
     builder = ComponentBuilder(cfg, weights_follow=bool(model_path))
@@ -282,7 +300,7 @@ def export_from_config(config, model_path, save_dir='output/inference_model',
 
 
 def _check_export(model, deploy_path, image_path, logger):
-    images = [path for path, _ in get_image_list(image_path)]
+    images = [path for path, _ in get_image_list(image_path, flag='--check_image_path')]
     checks = [('Paddle Inference, CPU, oneDNN off', 'paddle', False),
               ('Paddle Inference, CPU, oneDNN on', 'paddle', True)]
     deploy = DeployConfig(deploy_path)

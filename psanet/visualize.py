@@ -16,13 +16,12 @@ import dataclasses
 import math
 import os
 import re
-import tempfile
 
 import cv2
 import numpy as np
 import paddle
 
-from psanet.contract import palette_for
+from psanet.contract import palette_for, write_image
 from psanet.errors import ConfigError
 from psanet.ops import COLLECT, DISTRIBUTE
 
@@ -431,25 +430,8 @@ def attention_figures(image, points, records, geometries, prediction, names, tit
 
 def write_png(path, image):
     """Writes ``image`` as a PNG at ``path`` whole: a temporary file beside it, then renamed."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    ok, encoded = cv2.imencode('.png', image)
-    if not ok:
-        raise OSError(f'cannot encode {path} as PNG.')
-    handle, temporary = tempfile.mkstemp(prefix='.' + os.path.basename(path), suffix='.tmp',
-                                         dir=folder)
-    try:
-        with os.fdopen(handle, 'wb') as f:
-            f.write(encoded.tobytes())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temporary, 0o666 & ~umask)  # mkstemp's 0600 -> what open() would give
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.remove(temporary)
-        raise
-    return path
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    return write_image(path, image, '.png')
 
 
 # ---------------------------------------------------------------------------

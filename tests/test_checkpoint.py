@@ -202,3 +202,18 @@ def test_load_model_weights_missing_path(tmp_path, make):
         os.makedirs(path)
     with pytest.raises(CheckpointError, match='--model_path'):
         ckpt.load_model_weights(TinySegNet(3), str(path))
+
+
+@pytest.mark.parametrize('iteration', ['two', -3, 2.5, None])
+def test_a_training_state_with_a_bad_iteration_is_one_line(tmp_path, capsys, iteration):
+    from psanet.cli import run_cli
+    model, optimizer, _ = _model_and_optimizer()
+    path = str(tmp_path / 'iter_2')
+    ckpt.save_checkpoint(path, model, optimizer, {'iteration': iteration, 'epoch': 1})
+    code = run_cli(ckpt.load_checkpoint, path)
+    err = capsys.readouterr().err
+    assert code == 2 and 'Traceback' not in err
+    state = os.path.join(path, ckpt.STATE_FILE)
+    assert err.strip().splitlines() == [
+        f'error: training state {state}: "iteration" must be a non-negative integer, got '
+        f'{iteration!r}: pass another iter_N folder of the same save_dir to --resume_model.']

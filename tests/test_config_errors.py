@@ -241,3 +241,89 @@ def test_use_vdl_without_visualdl_names_the_install(tmp_path, capsys, monkeypatc
     assert line == ('error: --use_vdl needs VisualDL, which is not installed: pip install '
                     'visualdl (or train without --use_vdl).')
     assert not os.path.exists(tmp_path / 'out' / 'iter_1')
+
+
+def _mini_opts(tmp_path):
+    root = str(tmp_path / 'mini')
+    generate_mini_cityscapes(root, num_train=2, num_val=1, size=(64, 32), seed=0)
+    return [f'train_dataset.dataset_root={root}', f'val_dataset.dataset_root={root}']
+
+
+@pytest.mark.parametrize('stride', [7, 4, 32, 'eight'])
+def test_an_output_stride_resnet_does_not_build_is_refused(tmp_path, capsys, stride):
+    # paddleseg's ResNet_vd dilates for 8 and 16 only; any other value silently gave 32.
+    line = one_error_line(capsys, train_from_config, MINI_CONFIG, device='cpu',
+                          save_dir=str(tmp_path / 'out'), iters=1,
+                          opts=[f'model.backbone.output_stride={stride}'])
+    assert line.startswith(f'error: config {MINI_CONFIG}: model.backbone.output_stride must be '
+                           f'one of 8, 16 for ResNet18_vd, got {stride!r}'), line
+    assert not (tmp_path / 'out').exists()
+
+
+def test_the_output_strides_resnet_builds_pass():
+    for stride in (8, 16):
+        cfg = load_config(MINI_CONFIG, opts=[f'model.backbone.output_stride={stride}'])
+        assert cfg.dic['model']['backbone']['output_stride'] == stride
+
+
+def test_a_section_that_is_not_a_mapping_is_named(tmp_path, capsys):
+    config = write(tmp_path / 'five.yml', f'_base_: {MINI_CONFIG}\nmodel: 5\n')
+    line = one_error_line(capsys, load_config, config)
+    assert line == (f'error: config {config}: model must be a mapping of keys (such as '
+                    '`model: {type: ...}`), got 5: fix the config or the --opts item that sets '
+                    'it.')
+
+
+def test_a_config_that_is_not_utf8_is_named(tmp_path, capsys):
+    config = tmp_path / 'latin1.yml'
+    data = 'batch_size: 2\n# Stra\xdfe\n'.encode('latin-1')
+    config.write_bytes(data)
+    line = one_error_line(capsys, load_config, str(config))
+    byte = data.index(b'\xdf')
+    assert line == f'error: config {config} is not UTF-8 text (byte {byte}): save it as UTF-8.'
+
+
+@pytest.mark.parametrize('seed', [-1, 2 ** 80])
+def test_a_seed_numpy_cannot_take_is_refused(tmp_path, capsys, seed):
+    line = one_error_line(capsys, train_from_config, MINI_CONFIG, device='cpu',
+                          save_dir=str(tmp_path / 'out'), iters=1, seed=seed)
+    assert line == (f'error: --seed must be an integer from 0 to {2 ** 32 - 1} (what numpy and '
+                    f'Paddle accept), got {seed}.')
+
+
+@pytest.mark.parametrize('rate', [float('nan'), float('inf'), -0.1])
+def test_a_learning_rate_that_is_not_finite_and_positive_is_refused(tmp_path, capsys, rate):
+    line = one_error_line(capsys, train_from_config, MINI_CONFIG, device='cpu',
+                          save_dir=str(tmp_path / 'out'), iters=1, learning_rate=rate)
+    assert line == f'error: --learning_rate must be a positive finite number, got {rate}.'
+    assert not (tmp_path / 'out').exists()
+
+
+def test_val_refuses_negative_workers(tmp_path, capsys):
+    line = one_error_line(capsys, evaluate_from_config, MINI_CONFIG,
+                          str(tmp_path / 'unread.pdparams'), device='cpu', num_workers=-1)
+    assert line == ('error: --num_workers must be 0 (load in the main process) or a positive '
+                    'integer, got -1.')
+
+
+def test_weights_holding_nan_or_inf_are_refused_naming_the_tensors(tmp_path, capsys):
+    import numpy as np
+    import paddle
+    from engine_helpers import mini_psanet_for_eval
+    state = mini_psanet_for_eval(seed=0).state_dict()
+    key = 'head.conv_bn_relu.' if any(k.startswith('head.conv_bn_relu.') for k in state) else ''
+    names = sorted(k for k in state if k.startswith(key) and state[k].dtype == paddle.float32)
+    poisoned, infinite = names[0], names[1]
+    values = state[poisoned].numpy().copy()
+    values.flat[[0, 3]] = np.nan
+    state[poisoned] = paddle.to_tensor(values)
+    values = state[infinite].numpy().copy()
+    values.flat[1] = -np.inf
+    state[infinite] = paddle.to_tensor(values)
+    weights = str(tmp_path / 'diverged.pdparams')
+    paddle.save(state, weights)
+    line = one_error_line(capsys, evaluate_from_config, MINI_CONFIG, weights, device='cpu',
+                          opts=_mini_opts(tmp_path))
+    assert line.startswith(f'error: weights {weights} hold non-finite values in 2 tensors: '), line
+    assert f'{poisoned} (2 NaN, 0 Inf)' in line and f'{infinite} (0 NaN, 1 Inf)' in line
+    assert 'earlier checkpoint' in line

@@ -64,3 +64,11 @@ def test_make_mini_cityscapes_needs_an_image_per_split(tmp_path, flag):
     assert line == (f'error: {flag} must be a positive int (training and evaluation need an '
                     'image each), got 0')
     assert not os.path.exists(tmp_path / 'mini')
+
+
+def test_make_mini_cityscapes_refuses_a_size_it_cannot_draw(tmp_path):
+    line = run_tool('make_mini_cityscapes.py', '--out', str(tmp_path / 'mini'), '--size',
+                    '200000', '100000')
+    assert line == ('error: size (width, height) must be at most (4096, 2048) (twice '
+                    'Cityscapes), got (200000, 100000)')
+    assert not os.path.exists(tmp_path / 'mini')

@@ -1,6 +1,7 @@
 """deploy/python/infer.py under bad inputs: a cut-short model.pdiparams, missing or broken
 export files, a --save_dir that is a file, and unreadable images among good ones."""
 import os
+import re
 import shutil
 import sys
 
@@ -163,3 +164,90 @@ def test_a_batch_of_mixed_sizes_names_each_image(exported, tmp_path, capfd):
     assert err.strip().splitlines()[-1] == (
         'error: the images of one batch must have one size after the transforms, got '
         f'a.png {width}x{height}, b.png 56x40; use --batch_size 1, or images of one size.')
+
+
+def _small_psanet_export(folder, psa_channels):
+    import paddle
+    from paddleseg.models.backbones import ResNet18_vd
+    from psanet.models import PSANet
+    paddle.seed(psa_channels)
+    model = PSANet(5, ResNet18_vd(output_stride=16), psa_type=0, mask_h=5, mask_w=5,
+                   psa_channels=psa_channels, shrink_factor=3)
+    model.eval()
+    export_model(model, [{'type': 'Normalize'}], str(folder), ExportOptions(psa_impl='paddle'),
+                 num_classes=5)
+    return str(folder)
+
+
+def test_parameters_of_another_model_are_refused_naming_both_files(tmp_path, capfd):
+    """A psa_channels=16 export's model.pdiparams beside an 8-channel model.json: Paddle
+    Inference would run it (0-3% of pixels right); the graph's parameter shapes tell."""
+    narrow = _small_psanet_export(tmp_path / 'narrow', 8)
+    wide = _small_psanet_export(tmp_path / 'wide', 16)
+    check_params_file(os.path.join(narrow, 'model.pdiparams'), os.path.join(narrow, 'model.json'))
+    mixed = copy_export(narrow, str(tmp_path / 'mixed'))
+    shutil.copy(os.path.join(wide, 'model.pdiparams'), os.path.join(tmp_path, 'mixed'))
+    image = write_image(tmp_path / 'a.png', 0)
+    code, _, err = infer_in_process(capfd, '--config', mixed, '--image_path', image,
+                                    '--save_dir', tmp_path / 'out')
+    line, = err.strip().splitlines()
+    assert code == 2 and 'Traceback' not in err
+    params, graph = (os.path.join(tmp_path, 'mixed', name)
+                     for name in ('model.pdiparams', 'model.json'))
+    assert line.startswith(f'error: the parameters file {params} does not fit the graph {graph}:')
+    # (Paddle loads the file's tensors in the order of the graph's parameter names.)
+    assert re.search(r'\d+ tensors have another shape, such as \S+ \(graph \[\d+(, \d+)*\], '
+                     r'file \[\d+(, \d+)*\]\)', line), line
+    assert 'copy model.json and model.pdiparams of one export together' in line
+    assert not (tmp_path / 'out').exists()
+
+
+def _edited_export(exported, target, edit=None, raw=None):
+    """A copy of the export whose deploy.yaml has ``edit(Deploy section)`` applied, or is
+    ``raw`` bytes."""
+    import yaml
+    deploy = copy_export(exported[1], str(target))
+    if raw is not None:
+        with open(deploy, 'wb') as f:
+            f.write(raw)
+        return deploy
+    with open(deploy) as f:
+        dic = yaml.safe_load(f)
+    edit(dic['Deploy'])
+    with open(deploy, 'w') as f:
+        yaml.safe_dump(dic, f)
+    return deploy
+
+
+def test_bad_deploy_yaml_values_are_one_line(exported, tmp_path, capfd):
+    image = write_image(tmp_path / 'a.png', 0)
+    latin1 = 'Deploy:\n  model: model.json # Stra\xdfe\n'.encode('latin-1')
+    cases = [
+        ('latin1', None, latin1, f'is not UTF-8 text (byte {latin1.index(bytes([0xdf]))}): save '
+         'it as UTF-8, or export the model again.'),
+        ('letters', lambda d: d.update(input_shape=['a', 'b', 'c', 'd']), None,
+         "Deploy.input_shape must be four integers N, 3, H, W (-1 for a dynamic one), got "
+         "['a', 'b', 'c', 'd']"),
+        ('three', lambda d: d.update(input_shape=[1, 3, 64]), None,
+         'Deploy.input_shape must be four integers'),
+        ('mean', lambda d: d.update(transforms=[{'type': 'Normalize', 'mean': 'abc'}]), None,
+         "Deploy.transforms [{'mean': 'abc', 'type': 'Normalize'}] fail on an image"),
+    ]
+    for name, edit, raw, words in cases:
+        deploy = _edited_export(exported, tmp_path / name, edit, raw)
+        code, _, err = infer_in_process(capfd, '--config', deploy, '--image_path', image,
+                                        '--save_dir', tmp_path / 'out')
+        assert code == 2 and 'Traceback' not in err, err
+        line, = err.strip().splitlines()
+        assert line.startswith(f'error: {deploy}') and words in line, line
+    assert not (tmp_path / 'out').exists()
+
+
+def test_more_cpu_threads_than_cores_are_cut_to_the_cores(caplog):
+    from psanet.deploy.predictor import PredictorOptions
+    cores = len(os.sched_getaffinity(0))
+    with caplog.at_level('WARNING', logger='psanet'):
+        options = PredictorOptions(cpu_threads=4096)
+    assert options.cpu_threads == cores
+    assert f'--cpu_threads 4096 is more than the {cores} cores' in caplog.text
+    assert PredictorOptions(cpu_threads=cores).cpu_threads == cores

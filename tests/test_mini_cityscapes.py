@@ -2,9 +2,13 @@
 learnable scenes."""
 import filecmp
 import glob
+import json
 import os
 import runpy
+import signal
+import subprocess
 import sys
+import time
 from collections import Counter
 
 import cv2
@@ -15,7 +19,8 @@ from cityscapesscripts.helpers.labels import id2label, name2label
 from PIL import Image
 
 from cityscapes_reference import reference_train_ids
-from conftest import ROOT
+from conftest import ROOT, finish, started_process
+from disk_helpers import digests
 from psanet.data import mini_cityscapes
 from psanet.data.mini_cityscapes import MARKER, generate
 
@@ -261,7 +266,8 @@ def test_regenerating_replaces_and_other_datasets_are_kept(tmp_path):
 
 
 @pytest.mark.parametrize('kwargs, match', [
-    ({'size': (16, 8)}, 'size'), ({'seed': -1}, 'seed'), ({'num_train': -2}, 'num_train'),
+    ({'size': (16, 8)}, 'size'), ({'size': (200000, 100000)}, r'at most \(4096, 2048\)'),
+    ({'seed': -1}, 'seed'), ({'num_train': -2}, 'num_train'),
     ({'cities': ['bad_name']}, 'cities')])
 def test_bad_arguments(tmp_path, kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -276,3 +282,60 @@ def test_command_line(tmp_path, monkeypatch, capsys):
     printed = capsys.readouterr().out
     assert '2 train images' in printed and '1 val images' in printed and 'traffic light' in printed
     assert cv2.imread(files(out, 'leftImg8bit/val/*/*.png')[0]).shape == (32, 64, 3)
+
+
+def _users_files(root):
+    with open(os.path.join(root, 'notes.txt'), 'w') as f:
+        f.write('mine')
+    os.makedirs(os.path.join(root, '.git'))
+    with open(os.path.join(root, '.git', 'HEAD'), 'w') as f:
+        f.write('ref: refs/heads/main\n')
+
+
+def test_an_interrupted_regeneration_leaves_the_old_set_whole(tmp_path, monkeypatch):
+    root = str(tmp_path / 'mini')
+    generate(root, 3, 2, SIZE)
+    _users_files(root)
+    before = digests(root)
+    real_scene, calls = mini_cityscapes._scene, []
+
+    def interrupted_scene(*args):
+        calls.append(args)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real_scene(*args)
+
+    monkeypatch.setattr(mini_cityscapes, '_scene', interrupted_scene)
+    with pytest.raises(KeyboardInterrupt):
+        generate(root, 5, 3, SIZE, seed=1)  # other bytes from the first image on
+    assert digests(root) == before  # 3 + 2 images, the summary that counts them, user files
+    assert os.listdir(tmp_path) == ['mini']
+    monkeypatch.setattr(mini_cityscapes, '_scene', real_scene)
+    summary = generate(root, 1, 1, SIZE)
+    after = digests(root)
+    assert {k: after[k] for k in ('notes.txt', '.git/HEAD')} == \
+        {k: before[k] for k in ('notes.txt', '.git/HEAD')}
+    assert len(files(root, 'leftImg8bit/*/*/*.png')) == 2
+    with open(os.path.join(root, MARKER)) as f:
+        assert json.load(f) == summary and summary['root'] == root
+
+
+def test_ctrl_c_in_the_tool_is_one_line_and_keeps_the_old_set(tmp_path):
+    root = str(tmp_path / 'mini')
+    generate(root, 1, 1, SIZE)
+    before = digests(root)
+    args = [sys.executable, os.path.join(ROOT, 'tools', 'make_mini_cityscapes.py'), '--out', root,
+            '--num_train', '200', '--num_val', '50']
+    with started_process(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True) as process:
+        deadline = time.monotonic() + 120
+        while not any(name.startswith('.mini.tmp-') for name in os.listdir(tmp_path)):
+            assert process.poll() is None and time.monotonic() < deadline, 'never started'
+            time.sleep(0.05)
+        time.sleep(0.5)  # inside the generation, well before its 250 images are written
+        process.send_signal(signal.SIGINT)
+        _, err = finish(process, 120)
+    assert process.returncode == 130 and 'Traceback' not in err, err
+    assert err.strip().splitlines() == [
+        f'error: interrupted (Ctrl-C); {root} is as it was before this run.']
+    assert digests(root) == before and os.listdir(tmp_path) == ['mini']

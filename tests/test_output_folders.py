@@ -1,9 +1,13 @@
 """Outputs are checked before any work and written whole: val.py, predict.py, export.py and
-tools/convert_checkpoint.py refuse a path they cannot write before building the model, and a
-failed re-export leaves the previous export as it was."""
-import hashlib
+tools/convert_checkpoint.py refuse a path they cannot write before building the model, a
+failed re-export leaves the previous export as it was, a re-export keeps every file of the
+user's (hidden ones and folders too) and no stale export file, export folders get a plain
+mkdir's mode, a killed export's temporaries are cleaned by the next, and a folder that cannot
+be swapped (the current folder, a mount point) is refused up front."""
 import importlib.util
 import os
+import subprocess
+import sys
 
 import paddle
 import pytest
@@ -19,6 +23,7 @@ from psanet.core.predict import predict_from_config
 from psanet.core.val import evaluate_from_config
 from psanet.deploy.config import DeployConfig
 from psanet.export import ExportOptions, export_from_config, export_model
+from disk_helpers import digests, small_tmpfs
 
 # A folder no process can write into, root included (sysfs refuses new entries).
 UNWRITABLE = '/sys/psanet-test-output'
@@ -87,13 +92,6 @@ def test_the_converter_refuses_a_destination_it_cannot_write(tmp_path, capsys):
         assert line.startswith(f'error: --dst {dst} ') and words in line, line
 
 
-def _snapshot(folder):
-    found = {}
-    for name in sorted(os.listdir(folder)):
-        with open(os.path.join(folder, name), 'rb') as f:
-            found[name] = hashlib.sha256(f.read()).hexdigest()
-    return found
-
 
 @pytest.fixture(scope='module')
 def first_export(tmp_path_factory):
@@ -108,7 +106,7 @@ def first_export(tmp_path_factory):
 def test_onnx_without_paddle2onnx_is_refused_before_anything_is_written(first_export,
                                                                         monkeypatch):
     model, folder = first_export
-    before = _snapshot(folder)
+    before = digests(folder)
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *args: None
                         if name in ('paddle2onnx', 'onnxruntime') else real_find_spec(name, *args))
@@ -117,12 +115,12 @@ def test_onnx_without_paddle2onnx_is_refused_before_anything_is_written(first_ex
                        'pip install paddle2onnx onnxruntime'):
         export_model(model, [{'type': 'Normalize'}], str(folder),
                      ExportOptions(output_op='none', psa_impl='paddle', onnx=True))
-    assert _snapshot(folder) == before
+    assert digests(folder) == before
 
 
 def test_a_failed_re_export_leaves_the_previous_export_whole(first_export, monkeypatch):
     model, folder = first_export
-    before = _snapshot(folder)
+    before = digests(folder)
 
     def broken_converter(save_dir):
         raise RuntimeError('paddle2onnx failed (simulated)')
@@ -132,7 +130,7 @@ def test_a_failed_re_export_leaves_the_previous_export_whole(first_export, monke
     with pytest.raises(RuntimeError, match='simulated'):
         export_model(model, [{'type': 'Normalize'}], str(folder),
                      ExportOptions(output_op='none', psa_impl='paddle', onnx=True))
-    assert _snapshot(folder) == before
+    assert digests(folder) == before
     assert DeployConfig(str(folder / DEPLOY_FILE)).output_op == 'argmax'
     assert sorted(os.listdir(folder.parent)) == ['mix']  # no temporary left beside it
 
@@ -149,3 +147,115 @@ def test_a_re_export_replaces_the_export_and_keeps_other_files(first_export, tmp
     assert deploy['output_op'] == 'softmax' and deploy['psa_impl'] == 'paddle'
     assert (again / 'notes.txt').read_text() == 'mine'
     assert sorted(os.listdir(tmp_path)) == ['again']
+
+
+def _users_files(folder):
+    """A git repository, a dotfile, a file and a subfolder of the user's in ``folder``."""
+    (folder / 'notes.txt').write_text('mine')
+    (folder / '.env').write_text('TOKEN=keep')
+    (folder / 'sub').mkdir()
+    (folder / 'sub' / 'data.txt').write_text('sub data')
+    subprocess.run(['git', 'init', '-q', str(folder)], check=True)
+    return {name: data for name, data in digests(folder).items()
+            if name.split(os.sep)[0] not in ('model.json', 'model.pdiparams', 'model.onnx',
+                                                'deploy.yaml')}
+
+
+def test_a_re_export_keeps_the_users_files_and_drops_the_old_exports(tmp_path):
+    from engine_helpers import TinySegNet
+    model = TinySegNet(3)
+    model.eval()
+    folder = tmp_path / 'export'
+    export_model(model, [{'type': 'Normalize'}], str(folder),
+                 ExportOptions(output_op='none', psa_impl='paddle', onnx=True))
+    assert (folder / 'model.onnx').is_file()
+    mine = _users_files(folder)
+    assert '.git/HEAD' in mine and '.env' in mine and 'sub/data.txt' in mine
+    export_model(model, [{'type': 'Normalize'}], str(folder), ExportOptions(psa_impl='paddle'))
+    after = digests(folder)
+    export = {'model.json', 'model.pdiparams', 'deploy.yaml'}
+    assert set(after) == export | set(mine)  # no model.onnx that deploy.yaml does not name
+    assert {name: after[name] for name in mine} == mine
+    assert DeployConfig(str(folder)).onnx is None
+    assert sorted(os.listdir(tmp_path)) == ['export']
+
+
+def test_a_stale_export_file_written_by_hand_goes(first_export, tmp_path):
+    model, _ = first_export
+    folder = tmp_path / 'export'
+    export_model(model, [{'type': 'Normalize'}], str(folder), ExportOptions(psa_impl='paddle'))
+    (folder / 'model.onnx').write_bytes(b'not from this export')
+    mine = _users_files(folder)
+    export_model(model, [{'type': 'Normalize'}], str(folder), ExportOptions(psa_impl='paddle'))
+    after = digests(folder)
+    assert set(after) == {'model.json', 'model.pdiparams', 'deploy.yaml'} | set(mine)
+    assert {name: after[name] for name in mine} == mine
+
+
+def _mode(path):
+    return os.stat(path).st_mode & 0o777
+
+
+def test_export_and_checkpoint_folders_get_a_plain_mkdirs_mode(first_export, tmp_path):
+    from psanet.core.checkpoint import save_checkpoint
+    model, _ = first_export
+    old = os.umask(0o022)
+    try:
+        os.mkdir(tmp_path / 'plain')
+        export_model(model, [{'type': 'Normalize'}], str(tmp_path / 'export'),
+                     ExportOptions(psa_impl='paddle'))
+        save_checkpoint(str(tmp_path / 'iter_1'), model, state={'iteration': 1})
+    finally:
+        os.umask(old)
+    assert _mode(tmp_path / 'plain') == 0o755
+    assert _mode(tmp_path / 'export') == 0o755 and _mode(tmp_path / 'iter_1') == 0o755
+    assert _mode(tmp_path / 'export' / 'model.json') == 0o644
+
+
+def _dead_pid():
+    done = subprocess.run([sys.executable, '-c', 'import os; print(os.getpid())'],
+                          capture_output=True, text=True, check=True)
+    return int(done.stdout)
+
+
+def test_a_killed_exports_temporaries_are_cleaned_by_the_next(first_export, tmp_path):
+    model, _ = first_export
+    folder = tmp_path / 'export'
+    export_model(model, [{'type': 'Normalize'}], str(folder), ExportOptions(psa_impl='paddle'))
+    dead, live = _dead_pid(), os.getppid()
+    left = tmp_path / f'.export.tmp-{dead}-0a1b2c3d'      # killed while writing
+    retired = tmp_path / f'.export.old.tmp-{dead}-0a1b2c3e'  # killed after the swap
+    other = tmp_path / f'.export.tmp-{live}-0a1b2c3f'      # a live process's
+    for path in (left, retired / 'previous', other):
+        path.mkdir(parents=True)
+        (path / 'model.pdiparams').write_bytes(b'partial')
+    export_model(model, [{'type': 'Normalize'}], str(folder), ExportOptions(psa_impl='paddle'))
+    assert sorted(os.listdir(tmp_path)) == sorted(['export', other.name])
+    assert DeployConfig(str(folder)).params.endswith('model.pdiparams')
+
+
+def test_a_folder_that_cannot_be_swapped_is_refused_up_front(tmp_path, capsys, weights,
+                                                             monkeypatch):
+    with small_tmpfs(tmp_path / 'volume', 1 << 20) as volume:
+        code = run_cli(export_from_config, MINI_CONFIG, weights, save_dir=volume)
+        line, out = _one_error_line(capsys, code)
+        assert f'--save_dir {volume} is a mount point' in line, line
+        assert 'Loaded weights' not in out and os.listdir(volume) == []
+        assert os.listdir(tmp_path) == ['volume']
+    here = tmp_path / 'here'
+    here.mkdir()
+    monkeypatch.chdir(here)
+    code = run_cli(export_from_config, MINI_CONFIG, weights, save_dir='.')
+    line, out = _one_error_line(capsys, code)
+    assert '--save_dir . is the current folder' in line and 'inference_model' in line, line
+    assert os.listdir(here) == [] and sorted(os.listdir(tmp_path)) == ['here', 'volume']
+
+
+def test_a_missing_check_image_path_is_named_before_the_export(tmp_path, capsys, weights):
+    save_dir = tmp_path / 'export'
+    code = run_cli(export_from_config, MINI_CONFIG, weights, save_dir=str(save_dir),
+                   check_image_path=str(tmp_path / 'missing.png'))
+    line, out = _one_error_line(capsys, code)
+    assert line.startswith(f'error: --check_image_path {tmp_path / "missing.png"} does not '
+                           'exist'), line
+    assert not save_dir.exists() and 'Loaded weights' not in out

@@ -171,7 +171,7 @@ def test_bad_image_inputs(tmp_path, setup, capsys):
         get_image_list(str(tmp_path / 'nothing'))
     listing = images / 'bad_list.txt'
     listing.write_text('a.png\nmissing.jpg\n')
-    with pytest.raises(DatasetError, match='line 2: image .*missing.jpg does not exist'):
+    with pytest.raises(DatasetError, match='line 2: `missing.jpg` is not an image file'):
         get_image_list(str(listing))
     empty = tmp_path / 'empty'
     os.makedirs(empty)

@@ -1,6 +1,7 @@
 """predict.py / val.py inference under bad inputs: an image too large for the memory, a
---save_dir that is a file, unreadable images among good ones, and the psa_mask op's
-own explanation of a failed allocation."""
+--save_dir that is a file, unreadable images among good ones, the psa_mask op's
+own explanation of a failed allocation, and list files and folders whose outputs would
+land outside --save_dir, over an input or over each other."""
 import math
 import os
 import re
@@ -15,12 +16,14 @@ from paddleseg.models.backbones import ResNet18_vd
 from PIL import Image
 
 from conftest import MINI_CONFIG, MINI_PSANET_RTOL, ROOT, run_process
+from disk_helpers import digests
 from engine_helpers import assert_saved_masks_agree, mini_psanet_for_eval
 from psanet.cli import run_cli
 from psanet.core import inference as infer
 from psanet.core.predict import predict_from_config
 from psanet.core.val import evaluate_from_config
-from psanet.errors import ConfigError, UnreadableImagesError
+from psanet.contract import check_outputs, get_image_list
+from psanet.errors import ConfigError, DatasetError, UnreadableImagesError
 from psanet.export import export_from_config, export_model
 from psanet.models import PSANet
 from psanet.ops import psa_mask
@@ -323,3 +326,106 @@ def test_predict_checks_the_inference_flags(mini, tmp_path, capsys):
                      crop_size=[64, 64])
     assert code == 2 and '--is_slide' in err
     assert not (tmp_path / 'out').exists()
+
+
+# --- Outputs stay inside --save_dir, never over an input, never over each other -------------
+
+def _tree_digests(root, leave_out):
+    """Digests of every file under ``root`` except those under ``leave_out``."""
+    return {path: digest for path, digest in digests(root).items()
+            if not path.startswith(os.path.relpath(leave_out, root) + os.sep)}
+
+
+def _expected_overlay(image_path, mask_path):
+    """The overlay of one image, recomputed in numpy from the image and its saved mask
+    (0.6 image + 0.4 the class colour, as PaddleSeg's visualize does)."""
+    image = cv2.imread(image_path).astype(np.float64)
+    with Image.open(mask_path) as mask:
+        palette = np.asarray(mask.getpalette(), np.float64).reshape(-1, 3)
+        colour = palette[np.asarray(mask)][..., ::-1]
+    return np.clip(np.round(0.6 * image + 0.4 * colour), 0, 255)
+
+
+def test_a_list_entry_with_dot_dot_is_predicted_into_save_dir_not_over_the_input(mini, tmp_path,
+                                                                                  capsys):
+    _, weights, _ = mini
+    (tmp_path / 'images').mkdir()
+    street = write_image(tmp_path / 'images' / 'street.png', (96, 64))
+    (tmp_path / 'lists' / 'a').mkdir(parents=True)
+    listing = tmp_path / 'lists' / 'a' / 'list.txt'
+    listing.write_text('../../images/street.png\n')
+    # An output kept as added_prediction/../../images/street.png would be the input itself.
+    save_dir = tmp_path / 'lists' / 'a' / 'out' / 'deeper'
+    before = _tree_digests(tmp_path, save_dir)
+    code, err = _cli(capsys, MINI_CONFIG, weights, str(listing), save_dir=str(save_dir))
+    assert code == 0, err
+    assert _tree_digests(tmp_path, save_dir) == before  # nothing outside save_dir changed
+    assert sorted(digests(save_dir)) == ['added_prediction/street.png',
+                                         'pseudo_color_prediction/street.png']
+    got = cv2.imread(str(save_dir / 'added_prediction' / 'street.png')).astype(np.float64)
+    want = _expected_overlay(street, str(save_dir / 'pseudo_color_prediction' / 'street.png'))
+    assert np.abs(got - want).max() <= 1
+
+
+def test_absolute_list_entries_of_the_same_name_keep_their_folders(mini, tmp_path, capsys):
+    _, weights, _ = mini
+    for name in ('a', 'b'):
+        (tmp_path / 'x' / name).mkdir(parents=True)
+    first = write_image(tmp_path / 'x' / 'a' / 'img.png', (96, 64), seed=1)
+    second = write_image(tmp_path / 'x' / 'b' / 'img.png', (96, 64), seed=2)
+    listing = tmp_path / 'lists' / 'list.txt'
+    listing.parent.mkdir()
+    listing.write_text(f'{first}\n{second}\n')
+    out = tmp_path / 'out'
+    code, err = _cli(capsys, MINI_CONFIG, weights, str(listing), save_dir=str(out))
+    assert code == 0, err
+    for image, relative in ((first, 'a/img.png'), (second, 'b/img.png')):
+        got = cv2.imread(str(out / 'added_prediction' / relative)).astype(np.float64)
+        want = _expected_overlay(image, str(out / 'pseudo_color_prediction' / relative))
+        assert np.abs(got - want).max() <= 1, relative
+
+
+def test_two_images_that_would_write_one_output_are_refused_before_any_work(mini, tmp_path,
+                                                                            capsys):
+    _, weights, _ = mini
+    images = tmp_path / 'images'
+    images.mkdir()
+    write_image(images / 'x.png', (96, 64))
+    write_image(images / 'x.jpg', (96, 64), seed=1)
+    out = tmp_path / 'out'
+    code, err = _cli(capsys, MINI_CONFIG, weights, str(images), save_dir=str(out))
+    line, = err.strip().splitlines()
+    assert code == 2 and str(images / 'x.jpg') in line and str(images / 'x.png') in line
+    assert 'would both write ' + str(out / 'pseudo_color_prediction' / 'x.png') in line, line
+    assert not out.exists()
+
+
+def test_an_output_over_an_input_is_refused(tmp_path):
+    images = tmp_path / 'images'
+    (images / 'added_prediction').mkdir(parents=True)
+    write_image(images / 'added_prediction' / 'a.png', (96, 64))
+    listing = get_image_list(str(images / 'added_prediction'))
+    with pytest.raises(ConfigError, match='would overwrite the input image'):
+        check_outputs(listing, str(images))
+
+
+def test_a_weights_file_as_image_path_is_one_line(mini, capsys):
+    _, weights, _ = mini
+    code, err = _cli(capsys, MINI_CONFIG, weights, weights, save_dir='unused')
+    assert code == 2 and err.strip().splitlines() == [
+        f'error: --image_path {weights} is neither an image (.jpg, .jpeg, .png, .bmp) nor a '
+        'text file listing images: pass an image, a folder of images, or a list file.']
+
+
+def test_list_lines_with_spaces_and_with_labels(tmp_path):
+    (tmp_path / 'my images').mkdir()
+    spaced = write_image(tmp_path / 'my images' / 'street view.png', (96, 64))
+    plain = write_image(tmp_path / 'plain.png', (96, 64))
+    listing = tmp_path / 'list.txt'
+    listing.write_text('my images/street view.png\nplain.png labels/plain.png\n')
+    assert get_image_list(str(listing)) == [(spaced, 'my images/street view.png'),
+                                            (plain, 'plain.png')]
+    listing.write_text('my photos/a b.png\n')
+    with pytest.raises(DatasetError, match='line 1: neither `my photos/a b.png` nor `my` is an '
+                       'image file'):
+        get_image_list(str(listing))

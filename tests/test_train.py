@@ -110,6 +110,65 @@ def test_resume_after_a_crash_repeats_the_uninterrupted_losses(tmp_path, toy, nu
                                    atol=1e-7, err_msg=key)
 
 
+def paddleseg_lr(step, iters, learning_rate, end_lr=0.0, power=0.9, warmup_iters=0,
+                 warmup_start_lr=0.0):
+    """The learning rate after ``step`` scheduler steps, as PaddleSeg 2.8's config builds
+    it, written out: PolynomialDecay over ``iters - warmup_iters`` steps (cycle off),
+    behind a LinearWarmup from ``warmup_start_lr`` to ``learning_rate`` when
+    ``warmup_iters`` is set."""
+    if step < warmup_iters:
+        return warmup_start_lr + (learning_rate - warmup_start_lr) * step / warmup_iters
+    decay_steps = max(iters - warmup_iters, 1)
+    done = min(step - warmup_iters, decay_steps)
+    return (learning_rate - end_lr) * (1 - done / decay_steps) ** power + end_lr
+
+
+def logged_lrs(log):
+    """{iteration: the lr of its [TRAIN] line}, the last line of each iteration kept."""
+    lrs = {}
+    for line in log.splitlines():
+        if '[TRAIN]' in line:
+            iteration = int(line.split('iter: ')[1].split('/')[0])
+            lrs[iteration] = float(line.split('lr: ')[1].split(',')[0])
+    return lrs
+
+
+@pytest.mark.parametrize('warmup', [None, {'warmup_iters': 2, 'warmup_start_lr': 0.01}],
+                         ids=['poly', 'warmup'])
+def test_learning_rate_follows_paddleseg_schedule_across_a_resume(tmp_path, toy, warmup):
+    """Iteration i steps with the rate after i - 1 scheduler steps (the logged lr), and
+    iter_i's scheduler state is i steps in, before and after a resume."""
+    iters, learning_rate = 6, 0.1
+    config = helpers.toy_config(toy, iters=iters, batch_size=2, learning_rate=learning_rate)
+    config['lr_scheduler'].update(warmup or {})
+    path = helpers.write_config(tmp_path / 'toy.yml', config)
+    save_dir = str(tmp_path / 'out')
+    options = dict(iters=iters, batch_size=2, save_dir=save_dir, save_interval=3, log_iters=1,
+                   seed=0)
+    _, model, dataset, optimizer, losses = _build(path)
+    with pytest.raises(RuntimeError, match='simulated crash'):
+        train(model, dataset, optimizer, _with_failure(losses, 5, 'crash'),
+              TrainOptions(**options))
+    _, model, dataset, optimizer, losses = _build(path)
+    resumed = train(model, dataset, optimizer, losses,
+                    TrainOptions(**dict(options, resume_model=os.path.join(save_dir, 'iter_3'))))
+    assert resumed['start_iter'] == 3
+
+    def expected(step):
+        return paddleseg_lr(step, iters, learning_rate, **(warmup or {}))
+
+    with open(os.path.join(save_dir, 'train.log')) as f:
+        lrs = logged_lrs(f.read())
+    assert sorted(lrs) == list(range(1, iters + 1))
+    for iteration, lr in lrs.items():  # printed with 6 decimals
+        assert lr == pytest.approx(expected(iteration - 1), abs=6e-7), iteration
+    for iteration in (3, 6):
+        with open(os.path.join(save_dir, f'iter_{iteration}', ckpt.STATE_FILE)) as f:
+            scheduler = json.load(f)['lr_scheduler']
+        assert scheduler['last_epoch'] == iteration
+        assert scheduler['last_lr'] == pytest.approx(expected(iteration), rel=1e-9)
+
+
 def test_nan_loss_stops_naming_iteration_and_last_checkpoint(tmp_path, toy):
     path = helpers.write_config(tmp_path / 'toy.yml', helpers.toy_config(toy, iters=6))
     _, model, dataset, optimizer, losses = _build(path)
@@ -157,6 +216,9 @@ def test_logs_vdl_eval_best_model_and_keep_checkpoint_max(tmp_path, toy, monkeyp
     # 4 decimals: 5e-5 of rounding.
     logged = float(train_lines[0].split('loss: ')[1].split(',')[0])
     assert logged == pytest.approx(np.mean(result['losses'][:4]), abs=1e-4)
+    # Iterations 4 and 8 step with the rate after 3 and 7 of the 8 scheduler steps.
+    assert logged_lrs(log) == pytest.approx({4: paddleseg_lr(3, 8, 0.1),
+                                             8: paddleseg_lr(7, 8, 0.1)}, abs=6e-7)
     assert 'mIoU' in log and 'BatchNorm: plain BatchNorm (one process).' in log
     assert any(name.startswith('vdlrecords') for name in os.listdir(save_dir))
     # --use_vdl draws the figures of every evaluation, from the evaluation's own result.

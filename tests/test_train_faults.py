@@ -5,7 +5,6 @@ Each ends in one ``error:`` line, a non-zero exit code, and the files already
 written as they were.
 """
 import glob
-import hashlib
 import json
 import os
 import signal
@@ -19,6 +18,7 @@ import pytest
 
 import engine_helpers as helpers
 from conftest import MINI_CONFIG, ROOT, finish, run_process, started_process
+from disk_helpers import digests
 from psanet.cli import run_cli
 from psanet.core import checkpoint as ckpt
 from psanet.core.config import ComponentBuilder, load_config
@@ -35,15 +35,6 @@ def toy_config(tmp_path):
     return helpers.write_config(tmp_path / 'toy.yml', helpers.toy_config(root, iters=10))
 
 
-def _snapshot(folder):
-    """{relative path: sha256} of every file under ``folder``, hidden ones included."""
-    found = {}
-    for parent, _, files in os.walk(folder):
-        for name in files:
-            path = os.path.join(parent, name)
-            with open(path, 'rb') as f:
-                found[os.path.relpath(path, folder)] = hashlib.sha256(f.read()).hexdigest()
-    return found
 
 
 def _cli(capsys, **kwargs):
@@ -81,7 +72,7 @@ def _first_run(capsys, config, save_dir):
 def test_a_new_run_into_another_runs_save_dir_is_refused(tmp_path, capsys, toy_config):
     save_dir = str(tmp_path / 'out')
     _first_run(capsys, toy_config, save_dir)
-    before = _snapshot(save_dir)
+    before = digests(save_dir)
     for keep in (5, 2):
         code, error, out = _cli(capsys, config=toy_config, save_dir=save_dir, iters=4,
                                 save_interval=2, keep_checkpoint_max=keep, seed=5)
@@ -90,14 +81,14 @@ def test_a_new_run_into_another_runs_save_dir_is_refused(tmp_path, capsys, toy_c
         for fix in ('new --save_dir', f'--resume_model {os.path.join(save_dir, "iter_10")}',
                     '--overwrite'):
             assert fix in error
-        assert _snapshot(save_dir) == before  # train.log included
+        assert digests(save_dir) == before  # train.log included
 
     # Resuming from a checkpoint of another folder does not make it this run's folder either.
     other = _small_checkpoint(os.path.join(str(tmp_path / 'other'), 'iter_2'), 2)
     code, error, _ = _cli(capsys, config=toy_config, save_dir=save_dir, iters=4,
                           resume_model=other)
     assert code == 2 and 'is not in it' in error and 'holds the checkpoints of another run' in error
-    assert _snapshot(save_dir) == before
+    assert digests(save_dir) == before
 
     # --overwrite deletes the old run's checkpoints after saying so; the new run's are all kept.
     code, error, out = _cli(capsys, config=toy_config, save_dir=save_dir, iters=4,
@@ -123,14 +114,14 @@ def test_resume_continues_only_from_the_latest_checkpoint_of_its_folder(tmp_path
     assert _iterations(save_dir) == [2, 4, 6, 8, 10, 12]
     assert not [n for n in os.listdir(save_dir) if n.startswith('.')]
 
-    before = _snapshot(save_dir)
+    before = digests(save_dir)
     older = os.path.join(save_dir, 'iter_4')
     code, error, _ = _cli(capsys, config=toy_config, save_dir=save_dir, iters=6,
                           save_interval=2, resume_model=older)
     assert code == 2
     assert f'--resume_model {older} is not the latest checkpoint' in error
     assert 'iter_6' in error and 'iter_12' in error and '--overwrite' in error
-    assert _snapshot(save_dir) == before
+    assert digests(save_dir) == before
 
     # --overwrite deletes only the checkpoints after the one resumed from.
     code, error, _ = _cli(capsys, config=toy_config, save_dir=save_dir, iters=6,
@@ -139,12 +130,12 @@ def test_resume_continues_only_from_the_latest_checkpoint_of_its_folder(tmp_path
     assert code == 0 and error is None
     assert _iterations(save_dir) == [2, 4, 6]
     for name in ('iter_2', 'iter_4'):
-        assert all(v == before[k] for k, v in _snapshot(save_dir).items() if k.startswith(name))
+        assert all(v == before[k] for k, v in digests(save_dir).items() if k.startswith(name))
 
 
 def _checkpoint_files(save_dir):
     """The snapshot without train.log, which every run appends to."""
-    return {k: v for k, v in _snapshot(save_dir).items() if k != 'train.log'}
+    return {k: v for k, v in digests(save_dir).items() if k != 'train.log'}
 
 
 def test_overwrite_deletes_nothing_when_the_resume_cannot_go_on(tmp_path, capsys, toy_config):
@@ -205,13 +196,13 @@ def test_a_second_run_at_once_is_refused_naming_the_first(tmp_path, capsys, toy_
     with started_process([sys.executable, str(script), save_dir], stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, text=True, cwd=ROOT) as holder:
         assert holder.stdout.readline().strip() == 'holding'
-        before = _snapshot(save_dir)
+        before = digests(save_dir)
         code, error, _ = _cli(capsys, config=toy_config, save_dir=save_dir, iters=2,
                               save_interval=2)
         assert code == 2
         assert f'--save_dir {save_dir} is in use by another training (pid {holder.pid} on ' \
             in error and 'another --save_dir' in error
-        assert _snapshot(save_dir) == before  # no train.log, no checkpoint
+        assert digests(save_dir) == before  # no train.log, no checkpoint
         holder.kill()  # SIGKILL: no clean-up runs, the lock file stays
         holder.wait()
     assert os.listdir(save_dir) == ['.train.lock']
@@ -249,7 +240,7 @@ with open(os.path.join(out, 'rank_%d.json' % dist.rank()), 'w') as f:
 def test_two_processes_into_a_taken_save_dir_both_refuse(tmp_path, toy_config):
     save_dir = str(tmp_path / 'out')
     _small_checkpoint(os.path.join(save_dir, 'iter_4'), 4)
-    before = _snapshot(save_dir)
+    before = digests(save_dir)
     worker = tmp_path / 'worker.py'
     worker.write_text(WORKER.format(tests=TESTS, repo=ROOT))
     done = run_process(
@@ -261,7 +252,7 @@ def test_two_processes_into_a_taken_save_dir_both_refuse(tmp_path, toy_config):
     errors = [json.load(open(tmp_path / f'rank_{r}.json'))['error'] for r in range(2)]
     assert f'--save_dir {save_dir} holds the checkpoints of another run (iter_4)' in errors[0]
     assert errors[1].startswith(f'rank 0 refused --save_dir {save_dir}')
-    assert _snapshot(save_dir) == before
+    assert digests(save_dir) == before
 
 
 def _components(config, seed=0, **model):
@@ -284,7 +275,7 @@ def test_resume_from_another_model_is_refused_before_training(tmp_path, toy_conf
     model, dataset, optimizer, losses = _components(toy_config, channels=8)
     train(model, dataset, optimizer, losses, TrainOptions(iters=2, batch_size=2, save_dir=save_dir,
           save_interval=2, seed=0))
-    before = _snapshot(save_dir)
+    before = digests(save_dir)
     with open(os.path.join(save_dir, 'train.log')) as f:
         log_before = f.read()
     model, dataset, optimizer, losses = _components(toy_config, channels=6)
@@ -298,7 +289,7 @@ def test_resume_from_another_model_is_refused_before_training(tmp_path, toy_conf
     assert expected in str(info.value), str(info.value)
     for key, value in model.state_dict().items():
         np.testing.assert_array_equal(value.numpy(), weights[key], err_msg=key)
-    assert {k: v for k, v in _snapshot(save_dir).items() if k != 'train.log'} == \
+    assert {k: v for k, v in digests(save_dir).items() if k != 'train.log'} == \
         {k: v for k, v in before.items() if k != 'train.log'}
     with open(os.path.join(save_dir, 'train.log')) as f:
         log = f.read()

@@ -1,6 +1,7 @@
 """psanet.visualize: the attention maps of a point against the numpy op, the capture leaving
 the model and its export unchanged, the evaluation figures' numbers, and
 tools/visualize_attention.py end to end."""
+import errno
 import glob
 import json
 import os
@@ -11,7 +12,9 @@ import numpy as np
 import paddle
 import pytest
 
+import figure_reading as reading
 import psanet.models  # noqa: F401  (registers PSANet, applies the paddleseg fixes)
+import psanet.visualize as visualize
 from conftest import MINI_CONFIG, ROOT, run_process
 from psa_mask_reference import reference_forward
 from psanet.errors import ConfigError
@@ -21,7 +24,7 @@ from psanet.core.attention import visualize_attention
 from psanet.visualize import (MapGeometry, branch_map, capture_attention, check_points,
                               class_names, confusion_matrix_image, iou_bar_chart,
                               log_evaluation_figures, normalized_confusion, parse_points,
-                              point_maps, write_evaluation_figures)
+                              point_maps, write_evaluation_figures, write_png)
 
 NUM_CLASSES = 5
 INPUT_HW = (64, 96)         # ResNet18_vd at stride 8: an 8x12 feature,
@@ -167,19 +170,105 @@ def test_a_model_without_psa_branches_is_a_clear_error():
             pass
 
 
-def test_figures_of_points_on_an_image():
+def cell_by_hand(x, y, image_hw, resized_hw, input_hw=INPUT_HW):
+    """The map cell of image pixel (x, y), worked out from the resize ratio: the image is
+    resized to ``resized_hw`` (pixel centres aligned) and padded at the bottom and right to
+    ``input_hw``; the network input is 8 times its stride-8 feature (the model resizes its
+    logits back with half-pixel centres), which the branch shrinks to the map with corners
+    aligned; the cell is the nearest map position."""
+    cell = []
+    for u, image, resized, network, feature, shrunk in zip(
+            (y, x), image_hw, resized_hw, input_hw, FEATURE_HW, MAP_HW):
+        on_input = (u + 0.5) * (resized / image) - 0.5
+        on_feature = (on_input + 0.5) / (network / feature) - 0.5
+        on_map = on_feature * (shrunk - 1) / (feature - 1)
+        cell.append(int(np.clip(np.floor(on_map + 0.5), 0, shrunk - 1)))
+    return tuple(cell)
+
+
+@pytest.fixture
+def drawn_cells(monkeypatch):
+    """(direction, row, col) of every map the figures draw, in order."""
+    cells, real = [], visualize.branch_map
+
+    def recording(record, row, col, sample=0):
+        cells.append((record.psa_type, row, col))
+        return real(record, row, col, sample)
+
+    monkeypatch.setattr(visualize, 'branch_map', recording)
+    return cells
+
+
+def palette_colours_in(image, palette):
+    """The classes whose BGR palette colour some pixel of ``image`` has."""
+    pixels = {tuple(int(c) for c in p) for p in np.unique(image.reshape(-1, 3), axis=0)}
+    return {cls for cls, colour in enumerate(palette) if tuple(int(c) for c in colour) in pixels}
+
+
+def test_figures_of_points_on_an_image(drawn_cells):
     from paddleseg.transforms import Normalize
+    from psanet.contract import color_map
     model = tiny_psanet(2)
     image = cv2.resize(np.random.RandomState(0).randint(0, 256, (4, 6, 3)).astype('uint8'),
                        INPUT_HW[::-1], interpolation=cv2.INTER_CUBIC)
     points = [(0, 0), (95, 63), (40, 30)]
     figures, sheet = visualize_attention(model, image, points, [Normalize()], title='tiny')
     assert len(figures) == 3 and all(f.dtype == np.uint8 and f.ndim == 3 for f in figures)
-    # Panels at least 256 px tall: image, collect, distribute, prediction side by side.
-    assert all(f.shape[0] > 256 and f.shape[1] > 4 * 256 * 96 // 64 for f in figures)
-    assert sheet.shape[0] >= 3 * figures[0].shape[0] and sheet.shape[1] == figures[0].shape[1]
+    # Each point's collect and distribute panels show the map at the point's own cell.
+    assert drawn_cells == [(direction,) + cell_by_hand(x, y, INPUT_HW, INPUT_HW)
+                           for x, y in points for direction in (0, 1)]
+    assert len({cell[1:] for cell in drawn_cells}) == 3
+    # The prediction panel and its legend: the colours of the classes the model predicts
+    # (its logits on the image, normalised in numpy as RGB), and of no other class.
+    rgb = image[:, :, ::-1].astype('float32')
+    x = paddle.to_tensor(np.ascontiguousarray(((rgb / 255 - 0.5) / 0.5).transpose(2, 0, 1)[None]))
+    with paddle.no_grad():
+        predicted = set(np.unique(model(x)[0].numpy().argmax(1)).tolist())
+    palette = np.asarray(color_map(NUM_CLASSES), np.uint8).reshape(-1, 3)[:NUM_CLASSES, ::-1]
+    assert 2 <= len(predicted) < NUM_CLASSES
+    for figure in figures:
+        assert palette_colours_in(figure, palette) == predicted
+    # The sheet is the figures, one under the other.
+    assert [find_rows(sheet, figure) for figure in figures] == sorted(
+        find_rows(sheet, figure) for figure in figures)
     with pytest.raises(ConfigError, match='--points 96,10 is outside the image tiny'):
         visualize_attention(model, image, [(96, 10)], [Normalize()], title='tiny')
+
+
+def find_rows(sheet, figure):
+    """The first row of ``sheet`` where ``figure`` lies whole at the left edge; fails if none."""
+    height, width = figure.shape[:2]
+    starts = [top for top in range(sheet.shape[0] - height + 1)
+              if np.array_equal(sheet[top, :width], figure[0])]
+    for top in starts:
+        if np.array_equal(sheet[top:top + height, :width], figure):
+            return top
+    raise AssertionError(f'a {height}x{width} figure is not in the {sheet.shape[:2]} sheet')
+
+
+# (image size, val transforms, size after the resize): the input is 64x96 in both.
+RESIZING = [((128, 192), [('Resize', {'target_size': (96, 64)})], (64, 96)),
+            ((100, 150), [('Resize', {'target_size': (72, 48)}),
+                          ('Padding', {'target_size': (96, 64)})], (48, 72))]
+
+
+@pytest.mark.parametrize('image_hw, transforms, resized_hw', RESIZING, ids=['resize', 'pad'])
+def test_points_land_in_their_cell_through_resizing_transforms(drawn_cells, image_hw,
+                                                               transforms, resized_hw):
+    from paddleseg import transforms as T
+    model = tiny_psanet(2)
+    height, width = image_hw
+    image = cv2.resize(np.random.RandomState(1).randint(0, 256, (5, 7, 3)).astype('uint8'),
+                       (width, height), interpolation=cv2.INTER_CUBIC)
+    points = [(0, 0), (width - 1, height - 1), (width // 2, height // 3),
+              (int(width * 0.7), int(height * 0.8)), (width - 1, 0)]
+    pipeline = [getattr(T, name)(**args) for name, args in transforms] + [T.Normalize()]
+    figures, _ = visualize_attention(model, image, points, pipeline)
+    assert len(figures) == len(points)
+    by_hand = [cell_by_hand(x, y, image_hw, resized_hw) for x, y in points]
+    assert drawn_cells == [(direction,) + cell for cell in by_hand for direction in (0, 1)]
+    # The transforms matter: read as if the image were the input, points land elsewhere.
+    assert by_hand != [cell_by_hand(x, y, INPUT_HW, INPUT_HW) for x, y in points]
 
 
 # --- The model and its export stay as they are -------------------------------------------------
@@ -300,19 +389,82 @@ def evaluation_result():
     return result
 
 
+def check_matrix_shows_shares(image, confusion):
+    """Each cell of the matrix figure (BGR) has the shade of its row-normalised share, worked
+    out here; a class without ground-truth pixels is a grey row."""
+    confusion = np.asarray(confusion, np.float64)
+    cells = reading.matrix_cells(image)
+    count = len(confusion)
+    assert len(cells) == count and all(len(row) == count for row in cells), np.shape(cells)
+    for i in range(count):
+        total = confusion[i].sum()
+        for j in range(count):
+            if total == 0:
+                assert cells[i][j] == reading.EMPTY_ROW, (i, j)
+            else:
+                shade = reading.share_shade(confusion[i, j] / total)
+                assert np.abs(np.array(cells[i][j]) - shade).max() <= 0.5, (i, j, cells[i][j],
+                                                                            shade)
+
+
+def check_chart_shows_ious(image, class_iou, printed_miou):
+    """One bar per class, top to bottom, each as long as its IoU on the scale that the
+    IoU 1.0 bar gives (class 0's), and the red line at the printed mIoU."""
+    found = reading.bars(image)
+    assert len(found) == len(class_iou)
+    zero = found[0][0]
+    assert all(start == zero for start, _ in found)
+    assert class_iou[0] == 1.0
+    one = found[0][1]
+    for (_, end), iou in zip(found, class_iou):
+        # A bar is at least 2 pixels wide, so that an IoU of 0 shows.
+        assert abs(end - (zero + max(iou * (one - zero), 1))) <= 1, (end, iou)
+    expected = zero + float(printed_miou) * (one - zero)
+    assert abs(reading.miou_line_column(image) - expected) <= 1, (expected, printed_miou)
+
+
+# Rows ground truth: class 2 has no pixels, and no row equals its column.
+ASYMMETRIC = np.array([[50, 30, 20, 0], [5, 80, 10, 5], [0, 0, 0, 0], [40, 0, 10, 50]])
+
+
+def test_confusion_matrix_cells_show_each_ground_truth_row_share():
+    assert not np.array_equal(normalized_confusion(ASYMMETRIC.T)[[0, 1, 3]],
+                              normalized_confusion(ASYMMETRIC)[[0, 1, 3]])
+    check_matrix_shows_shares(confusion_matrix_image(ASYMMETRIC, class_names(4)), ASYMMETRIC)
+
+
+def evaluation_with_a_perfect_class():
+    """evaluation_result() of predictions right on every class-0 pixel and nowhere else 0:
+    IoU 1.0 for class 0, 0.0 for classes 4 and 5, so that the mean of all IoUs (the printed
+    mIoU) and the mean of the non-zero ones differ."""
+    from psanet.core.metrics import class_areas, confusion_matrix, summarize
+    pred, label = random_prediction(seed=5)
+    pred = np.where(label == 0, 0, np.where(pred == 0, 1, pred))
+    result = summarize(class_areas(paddle.to_tensor(pred.astype('int32')),
+                                   paddle.to_tensor(label), 6))
+    result['confusion_matrix'] = confusion_matrix(pred, label, 6)
+    return result
+
+
+def test_class_iou_chart_draws_the_printed_miou(tmp_path):
+    result = evaluation_with_a_perfect_class()
+    iou = np.asarray(result['class_iou'])
+    assert iou[0] == 1.0 and iou[4] == iou[5] == 0.0
+    printed = f'{result["miou"]:.4f}'  # as evaluate logs it
+    assert abs(float(printed) - iou[iou > 0].mean()) * 500 > 20  # far apart on the chart
+    chart_path, _ = write_evaluation_figures(result, class_names(6), str(tmp_path / 'figures'))
+    check_chart_shows_ious(cv2.imread(chart_path), iou, printed)
+
+
 def test_figures_have_a_row_per_class(tmp_path):
-    result, names = evaluation_result(), class_names(6)
-    chart = iou_bar_chart(result['class_iou'], names, result['miou'])
-    matrix = confusion_matrix_image(result['confusion_matrix'], names)
-    for image in (chart, matrix):
-        assert image.dtype == np.uint8 and image.ndim == 3 and image.shape[2] == 3
-        assert 6 * 20 < image.shape[0] < 2000 and 300 < image.shape[1] < 2000
-    assert matrix.shape[0] > 6 * 30 and matrix.shape[1] > 6 * 30
+    result, names = evaluation_with_a_perfect_class(), class_names(6)
     paths = write_evaluation_figures(result, names, str(tmp_path / 'figures'))
     assert [os.path.basename(p) for p in paths] == ['class_iou.png', 'confusion_matrix.png']
-    np.testing.assert_array_equal(cv2.imread(paths[0]), chart)
-    np.testing.assert_array_equal(cv2.imread(paths[1]), matrix)
     assert sorted(os.listdir(tmp_path / 'figures')) == ['class_iou.png', 'confusion_matrix.png']
+    chart, matrix = (cv2.imread(p) for p in paths)
+    check_chart_shows_ious(chart, result['class_iou'], result['miou'])
+    check_matrix_shows_shares(matrix, result['confusion_matrix'])
+    assert (result['confusion_matrix'][4:].sum(axis=1) == 0).all()  # two grey rows among them
 
 
 def test_figures_are_logged_to_visualdl_as_rgb():
@@ -323,13 +475,56 @@ def test_figures_are_logged_to_visualdl_as_rgb():
         def add_image(self, tag, img, step, walltime=None, dataformats='HWC'):
             self.images.append((tag, img, step))
 
-    result, names = evaluation_result(), class_names(6)
+    result, names = evaluation_with_a_perfect_class(), class_names(6)
     writer = Writer()
     log_evaluation_figures(writer, result, names, 40)
     assert [(tag, step) for tag, _, step in writer.images] == \
         [('Evaluate/class_iou', 40), ('Evaluate/confusion_matrix', 40)]
-    bgr = confusion_matrix_image(result['confusion_matrix'], names)
-    np.testing.assert_array_equal(writer.images[1][1], bgr[:, :, ::-1])
+    # Read as RGB, the logged images show the shares and IoUs in the key's colours.
+    chart, matrix = (np.ascontiguousarray(image[:, :, ::-1]) for _, image, _ in writer.images)
+    check_chart_shows_ious(chart, result['class_iou'], result['miou'])
+    check_matrix_shows_shares(matrix, result['confusion_matrix'])
+
+
+@pytest.mark.parametrize('failing', ['write', 'rename'])
+def test_a_failed_png_write_keeps_the_earlier_file_and_no_temporary(tmp_path, monkeypatch,
+                                                                   failing):
+    folder = tmp_path / 'figures'
+    path = write_png(str(folder / 'class_iou.png'), np.full((8, 8, 3), 7, np.uint8))
+    before = (folder / 'class_iou.png').read_bytes()
+
+    if failing == 'write':  # the disk fills up after a few bytes
+        import builtins
+        real_open = builtins.open
+
+        class FullDisk:
+            def __init__(self, f):
+                self.f = f
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                self.f.close()
+
+            def write(self, data):
+                self.f.write(bytes(data)[:16])
+                self.f.flush()
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def full_for_files_being_written(file, mode='r', *a, **k):
+            opened = real_open(file, mode, *a, **k)
+            return FullDisk(opened) if 'w' in mode else opened
+        monkeypatch.setattr(builtins, 'open', full_for_files_being_written)
+    else:
+        def refused(src, dst):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), dst)
+        monkeypatch.setattr(os, 'replace', refused)
+    with pytest.raises(OSError):
+        write_png(path, np.full((8, 8, 3), 200, np.uint8))
+    monkeypatch.undo()
+    assert os.listdir(folder) == ['class_iou.png']
+    assert (folder / 'class_iou.png').read_bytes() == before
 
 
 def test_class_names():
@@ -383,10 +578,37 @@ def test_the_tool_writes_a_figure_per_point_and_a_sheet(mini_weights, mini_citys
     assert sorted(os.listdir(out)) == sorted(names + [f'{stem}_attention_sheet.png'])
     figures = [cv2.imread(os.path.join(out, name)) for name in names]
     sheet = cv2.imread(os.path.join(out, f'{stem}_attention_sheet.png'))
-    # Four panels (bi-directional) of the image upscaled to at least 256 px tall.
-    assert all(f.shape == figures[0].shape and f.shape[0] > 256 for f in figures)
-    assert figures[0].shape[1] > 4 * 256 * width // height
-    assert sheet.shape[1] == figures[0].shape[1] and sheet.shape[0] > 3 * figures[0].shape[0]
+    # The sheet is the figures, one under the other, in the order of the points.
+    assert [find_rows(sheet, figure) for figure in figures] == sorted(
+        find_rows(sheet, figure) for figure in figures)
+    # Each file holds what the weights draw in this process through the config's val
+    # transforms, in the Cityscapes palette with the Cityscapes names.
+    from psanet.contract import color_map
+    from psanet.core.config import ComponentBuilder, load_config
+    builder = ComponentBuilder(load_config(MINI_CONFIG, opts=opts))
+    model = builder.model
+    model.set_state_dict(paddle.load(weights))
+    points = [(0, 0), (width - 1, height - 1), (20, 10)]
+    expected, _ = visualize_attention(model, cv2.imread(image), points, builder.val_transforms,
+                                      color_map(19, cityscapes=True), class_names(19),
+                                      os.path.basename(image))
+    for name, figure, drawn in zip(names, figures, expected):
+        np.testing.assert_array_equal(figure, drawn, err_msg=name)
+    # The prediction panel's colours: the Cityscapes colour of each class the model
+    # predicts on the image (its logits with the val Normalize written out in numpy; a
+    # near-tie may go either way), and of no other class.
+    from conftest import MINI_PSANET_RTOL, clear_margin_pixels
+    from engine_helpers import dygraph_logits
+    logits = dygraph_logits(model, image)
+    clear = clear_margin_pixels(logits, MINI_PSANET_RTOL * np.abs(logits).max(), class_axis=0)
+    top2 = np.argsort(logits, axis=0)[-2:]
+    must = set(np.unique(top2[-1][clear]).tolist())
+    may = must | set(np.unique(top2[:, ~clear]).tolist())
+    palette = np.asarray(color_map(19, cityscapes=True), np.uint8).reshape(-1, 3)[:19, ::-1]
+    colourful = [cls for cls in range(19) if len(set(palette[cls].tolist())) > 1]  # not grey
+    for figure in figures:
+        shown = palette_colours_in(figure, palette) & set(colourful)
+        assert must & set(colourful) <= shown <= may, (must, shown, may)
 
 
 def test_the_tool_names_a_point_outside_the_image(mini_weights, mini_cityscapes, tmp_path):

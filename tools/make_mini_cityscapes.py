@@ -33,4 +33,8 @@ if __name__ == '__main__':
     except (ValueError, OSError) as error:  # OSError: --out is a file, or not writable
         print(f'error: {error}', file=sys.stderr)
         sys.exit(2)  # as the other command lines exit on a user error
+    except KeyboardInterrupt:
+        print(f'error: interrupted (Ctrl-C); {args.out} is as it was before this run.',
+              file=sys.stderr)
+        sys.exit(130)
     print(format_summary(summary))

@@ -16,27 +16,24 @@ import tempfile
 import numpy as np
 import paddle
 
-from psanet.contract import check_output_file, read_json
+from psanet.contract import (PREVIOUS, RETIRED_SUFFIX, TEMP_MARK, check_output_file, fsync,
+                             read_json, write_file_whole, write_folder)
 from psanet.core.config import ComponentBuilder, load_config
 from psanet.errors import CheckpointError, few
 from psanet.log import get_logger
 from psanet.models.reproduction import convert_reproduction_state, is_reproduction_state
 
-__all__ = ['WEIGHTS_FILE', 'OPTIMIZER_FILE', 'STATE_FILE', 'save_checkpoint', 'write_folder',
-           'list_checkpoints',
+__all__ = ['WEIGHTS_FILE', 'OPTIMIZER_FILE', 'STATE_FILE', 'save_checkpoint', 'list_checkpoints',
            'checkpoint_iteration', 'prune_checkpoints', 'delete_checkpoints',
            'remove_stale_temporaries', 'load_checkpoint', 'resolve_weights_path',
-           'check_state_fits', 'load_model_weights', 'parameter_names', 'rename_optimizer_state',
-           'convert_reproduction_file']
+           'check_state_fits', 'check_finite', 'load_model_weights', 'parameter_names',
+           'rename_optimizer_state', 'convert_reproduction_file']
 
 WEIGHTS_FILE = 'model.pdparams'
 OPTIMIZER_FILE = 'model.pdopt'
 STATE_FILE = 'train_state.json'
 _ITER_DIR = re.compile(r'^iter_(\d+)$')
-_TEMP_MARK = '.tmp-'
-_RETIRED_SUFFIX = '.old'
-_RETIRED_DIR = re.compile(r'^\.(.+)' + re.escape(_RETIRED_SUFFIX + _TEMP_MARK))
-_PREVIOUS = 'previous'
+_RETIRED_DIR = re.compile(r'^\.(.+)' + re.escape(RETIRED_SUFFIX + TEMP_MARK))
 
 
 def _to_json(value):
@@ -52,15 +49,6 @@ def _to_json(value):
     if isinstance(value, paddle.Tensor):
         return value.numpy().tolist()
     return value
-
-
-def _fsync(path):
-    """Flushes a file's or a folder's entries to disk, so a rename survives a power loss."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def save_checkpoint(directory, model, optimizer=None, state=None):
@@ -85,53 +73,6 @@ def save_checkpoint(directory, model, optimizer=None, state=None):
                 json.dump(_to_json(state), f, indent=1)
 
     return write_folder(directory, write)
-
-
-def write_folder(directory, write, carry_over=None):
-    """Writes a folder whole or not at all: ``write(temporary)`` fills a hidden folder
-    beside ``directory``, which then replaces ``directory`` (an old one is moved aside
-    first and deleted after). A failure or a signal before the swap leaves the old folder
-    as it was.
-
-    Args:
-        directory (str): the final folder.
-        write (callable): fills the folder it is given.
-        carry_over (callable, optional): ``carry_over(name)`` is True for the entries of
-            the old folder to move into the new one (files the new one does not have).
-            Default: None, nothing is carried over.
-
-    Returns:
-        str: ``directory``.
-    """
-    directory = os.path.normpath(directory)
-    parent = os.path.dirname(directory) or '.'
-    os.makedirs(parent, exist_ok=True)
-    temporary = tempfile.mkdtemp(prefix='.' + os.path.basename(directory) + _TEMP_MARK, dir=parent)
-    try:
-        write(temporary)
-        for name in os.listdir(temporary):
-            _fsync(os.path.join(temporary, name))
-        _fsync(temporary)
-        if os.path.exists(directory):
-            # rename() cannot replace a non-empty folder: move the old one aside first.
-            retired = tempfile.mkdtemp(
-                prefix='.' + os.path.basename(directory) + _RETIRED_SUFFIX + _TEMP_MARK,
-                dir=parent)
-            previous = os.path.join(retired, _PREVIOUS)
-            os.replace(directory, previous)
-            os.replace(temporary, directory)
-            _fsync(parent)
-            for name in os.listdir(previous) if carry_over else ():
-                if carry_over(name) and not os.path.lexists(os.path.join(directory, name)):
-                    os.replace(os.path.join(previous, name), os.path.join(directory, name))
-            shutil.rmtree(retired, ignore_errors=True)
-        else:
-            os.replace(temporary, directory)
-            _fsync(parent)
-    except BaseException:
-        shutil.rmtree(temporary, ignore_errors=True)
-        raise
-    return directory
 
 
 def list_checkpoints(save_dir):
@@ -190,10 +131,10 @@ def delete_checkpoints(paths):
     if not paths:
         return
     parent = os.path.dirname(os.path.normpath(paths[0])) or '.'
-    trash = tempfile.mkdtemp(prefix='.deleted' + _TEMP_MARK, dir=parent)
+    trash = tempfile.mkdtemp(prefix='.deleted' + TEMP_MARK, dir=parent)
     for i, path in enumerate(paths):
         os.replace(path, os.path.join(trash, f'{i}_{os.path.basename(os.path.normpath(path))}'))
-    _fsync(parent)
+    fsync(parent)
     shutil.rmtree(trash, ignore_errors=True)
 
 
@@ -208,13 +149,13 @@ def remove_stale_temporaries(save_dir):
         return
     for name in sorted(os.listdir(save_dir)):
         match = _RETIRED_DIR.match(name)
-        previous = os.path.join(save_dir, name, _PREVIOUS)
+        previous = os.path.join(save_dir, name, PREVIOUS)
         final = os.path.join(save_dir, match.group(1)) if match else None
         if final and os.path.isdir(previous) and not os.path.exists(final):
             os.replace(previous, final)
-            _fsync(save_dir)
+            fsync(save_dir)
     for name in os.listdir(save_dir):
-        if name.startswith('.') and _TEMP_MARK in name:
+        if name.startswith('.') and TEMP_MARK in name:
             shutil.rmtree(os.path.join(save_dir, name), ignore_errors=True)
 
 
@@ -250,6 +191,10 @@ def load_checkpoint(path):
     if os.path.isfile(state_path):
         state = read_json(state_path, lambda reason: CheckpointError(
             f'training state {state_path} cannot be read ({reason}): {fix}'))
+        iteration = state.get('iteration') if isinstance(state, dict) else None
+        if not isinstance(iteration, int) or isinstance(iteration, bool) or iteration < 0:
+            raise CheckpointError(f'training state {state_path}: "iteration" must be a '
+                                  f'non-negative integer, got {iteration!r}: {fix}')
     else:
         match = _ITER_DIR.match(os.path.basename(os.path.normpath(path)))
         if not match:
@@ -376,6 +321,21 @@ def check_state_fits(model, loaded, source, fix):
                           f'{report}. {fix}')
 
 
+def check_finite(state, source):
+    """Raises CheckpointError naming the tensors of ``state`` that hold NaN or Inf (weights of
+    a run that diverged give a meaningless prediction, not an error, otherwise)."""
+    bad = []
+    for key, value in state.items():
+        array = value.numpy() if isinstance(value, paddle.Tensor) else np.asarray(value)
+        if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
+            bad.append(f'{key} ({int(np.isnan(array).sum())} NaN, '
+                       f'{int(np.isinf(array).sum())} Inf)')
+    if bad:
+        raise CheckpointError(f'{source} hold non-finite values in {len(bad)} tensors: '
+                              f'{few(bad, 3)}. They come from a run that diverged; pass the '
+                              'weights of an earlier checkpoint.')
+
+
 def load_model_weights(model, model_path):
     """Loads weights into ``model``, refusing any file that does not fit it exactly.
 
@@ -404,6 +364,7 @@ def load_model_weights(model, model_path):
                           'converted to PSANet\'s names in memory.')
     check_state_fits(model, loaded, f'weights {path}', 'Pass the config the weights were trained '
                      'with (same model, backbone and num_classes).')
+    check_finite(loaded, f'weights {path}')
     model.set_state_dict(loaded)
     return path
 
@@ -441,16 +402,6 @@ def convert_reproduction_file(src, dst, config):
     model.set_state_dict(convert_reproduction_state(loaded, model.state_dict(),
                                                     source=f'--src {src}'))
     state = model.state_dict()
-    directory = os.path.dirname(os.path.abspath(dst))
-    os.makedirs(directory, exist_ok=True)
-    temporary = os.path.join(directory, f'.{os.path.basename(dst)}{_TEMP_MARK}{os.getpid()}')
-    try:
-        paddle.save(state, temporary)
-        _fsync(temporary)
-        os.replace(temporary, dst)
-        _fsync(directory)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.remove(temporary)
-        raise
+    os.makedirs(os.path.dirname(os.path.abspath(dst)), exist_ok=True)
+    write_file_whole(dst, lambda temporary: paddle.save(state, temporary), durable=True)
     return len(state)

@@ -11,6 +11,7 @@ wrapped RuntimeError.
 """
 import copy
 import difflib
+import math
 import os
 import time
 
@@ -75,10 +76,13 @@ def _check_yaml_files(path, chain=(), entry=None):
     if not path.endswith(('.yml', '.yaml')):
         raise ConfigError(f'config {path} is not a .yml/.yaml file: pass a YAML config.')
     try:
-        with open(path, encoding='utf-8') as f:
-            dic = yaml.load(f, Loader=yaml.FullLoader)
+        with open(path, 'rb') as f:
+            dic = yaml.load(f.read().decode('utf-8'), Loader=yaml.FullLoader)
     except yaml.YAMLError as error:
         raise ConfigError(f'config {path} is not valid YAML: {error}') from error
+    except UnicodeDecodeError as error:
+        raise ConfigError(f'config {path} is not UTF-8 text (byte {error.start}): save it as '
+                          'UTF-8.') from None
     if not isinstance(dic, dict):
         raise ConfigError(f'config {path} does not hold a mapping of keys: fix its YAML.')
     bases = dic.get('_base_', [])
@@ -113,7 +117,19 @@ def _keys(node):
     return ', '.join(map(str, node)) if isinstance(node, dict) else '(not a mapping)'
 
 
+# Sections paddleseg reads as mappings; anything else fails deep inside it.
+_MAPPING_SECTIONS = ('train_dataset', 'val_dataset', 'optimizer', 'lr_scheduler', 'loss', 'model',
+                     'test_config')
+# The output strides a backbone module builds; any other value silently gives stride 32.
+_OUTPUT_STRIDES = {'paddleseg.models.backbones.resnet_vd': (8, 16)}
+
+
 def _check_top_level(dic, path):
+    for key in _MAPPING_SECTIONS:
+        if dic.get(key) is not None and not isinstance(dic[key], dict):
+            raise ConfigError(f'config {path}: {key} must be a mapping of keys (such as '
+                              f'`{key}: {{type: ...}}`), got {dic[key]!r}: fix the config or the '
+                              '--opts item that sets it.')
     unsupported = [k for k in dic if k in UNSUPPORTED_KEYS]
     if unsupported:
         reasons = '; '.join(f'{k}: {UNSUPPORTED_KEYS[k]}' for k in unsupported)
@@ -181,8 +197,8 @@ def load_config(path, learning_rate=None, batch_size=None, iters=None, opts=None
         raise ConfigError(f'--learning_rate needs an lr_scheduler section in {path}.')
     for name, value in (('learning_rate', learning_rate), ('batch_size', batch_size),
                         ('iters', iters)):
-        if value is not None and value <= 0:
-            raise ConfigError(f'--{name} must be positive, got {value}.')
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ConfigError(f'--{name} must be a positive finite number, got {value}.')
     try:
         cfg = Config(path, learning_rate=learning_rate, batch_size=batch_size, iters=iters,
                      opts=opts)
@@ -194,11 +210,27 @@ def load_config(path, learning_rate=None, batch_size=None, iters=None, opts=None
         value = cfg.dic.get(key)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise ConfigError(f'config {path}: {key} must be a positive integer, got {value!r}.')
+    _check_top_level(cfg.dic, path)  # again with the --opts applied
     for section, registries in _SECTION_REGISTRIES.items():
         if section in cfg.dic:
             _check_types(cfg.dic[section], section, registries, path)
+    _check_output_stride(cfg.dic.get('model'), path)
     cfg.path = path
     return cfg
+
+
+def _check_output_stride(model, path):
+    backbone = model.get('backbone') if isinstance(model, dict) else None
+    if not isinstance(backbone, dict) or 'output_stride' not in backbone:
+        return
+    component = manager.BACKBONES.components_dict.get(backbone.get('type'))
+    strides = _OUTPUT_STRIDES.get(getattr(component, '__module__', None))
+    value = backbone['output_stride']
+    if strides and (isinstance(value, bool) or value not in strides):
+        raise ConfigError(f'config {path}: model.backbone.output_stride must be one of '
+                          f'{", ".join(map(str, strides))} for {backbone["type"]}, got {value!r} '
+                          '(it builds no other stride): fix the config or the --opts item that '
+                          'sets it.')
 
 
 def _argument_error(error):

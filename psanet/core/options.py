@@ -186,6 +186,10 @@ def _positive_number(value):
             math.isfinite(value) and value > 0)
 
 
+# numpy's seeds are below 2**32.
+SEED_LIMIT = 2 ** 32
+
+
 @dataclass(frozen=True)
 class TrainOptions:
     """The training loop's settings: train.py's flags, the config's schedule filled in.
@@ -238,9 +242,14 @@ class TrainOptions:
         schedule = {name: getattr(self, name) for name in ('iters', 'batch_size')
                     if getattr(self, name) is not None}
         _check_positive(**schedule, save_interval=self.save_interval, log_iters=self.log_iters)
-        _check_not_negative(num_workers=(self.num_workers, 'load in the main process'),
+        check_not_negative(num_workers=(self.num_workers, 'load in the main process'),
                             keep_checkpoint_max=(self.keep_checkpoint_max,
                                                  'keep every checkpoint'))
+        if self.seed is not None and (not isinstance(self.seed, int) or
+                                      isinstance(self.seed, bool) or
+                                      not 0 <= self.seed < SEED_LIMIT):
+            raise ConfigError(f'--seed must be an integer from 0 to {SEED_LIMIT - 1} (what numpy '
+                              f'and Paddle accept), got {self.seed!r}.')
         evaluation = self.evaluation or InferenceOptions()
         object.__setattr__(self, 'evaluation',
                            evaluation.with_precision(self.precision, self.amp_level))
@@ -259,7 +268,8 @@ def _check_positive(**values):
             raise ConfigError(f'--{name} must be a positive integer, got {value!r}.')
 
 
-def _check_not_negative(**values):
+def check_not_negative(**values):
+    """Raises ConfigError unless each ``name=(value, what 0 means)`` is an int >= 0."""
     for name, (value, zero) in values.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ConfigError(f'--{name} must be 0 ({zero}) or a positive integer, got '

@@ -16,8 +16,8 @@ import numpy as np
 import paddle
 from paddleseg.transforms import Compose
 
-from psanet.contract import (check_save_dir, color_map, get_image_list, palette_for,
-                             read_images, save_prediction)
+from psanet.contract import (check_outputs, check_save_dir, color_map, get_image_list,
+                             palette_for, read_images, save_prediction)
 from psanet import interrupts
 from psanet.core import dist, inference
 from psanet.core.checkpoint import load_model_weights, resolve_weights_path
@@ -56,6 +56,7 @@ def predict(model, transforms, image_list, save_dir='output/result', options=Non
     """
     logger = logger or get_logger()
     check_save_dir(save_dir)
+    check_outputs(image_list, save_dir)
     options = options or InferenceOptions()
     colors = colors or color_map(19, cityscapes=True)
     compose = Compose(list(transforms))
@@ -112,6 +113,7 @@ def predict_from_config(config, model_path, image_path, save_dir='output/result'
     cfg = load_config(config, opts=opts)
     options = InferenceOptions.from_flags(flags, cfg.dic.get('test_config'), '--aug_pred')
     image_list = get_image_list(image_path)
+    check_outputs(image_list, save_dir)
     builder = ComponentBuilder(cfg, weights_follow=True)
     model = builder.model
     path = load_model_weights(model, model_path)

@@ -11,20 +11,19 @@ raw class ids for other datasets.
 import os
 import time
 
-import cv2
 import numpy as np
 import paddle
 from paddleseg.datasets import Cityscapes
 from paddleseg.utils import TimeAverager
 
 from psanet import interrupts
-from psanet.contract import check_save_dir
+from psanet.contract import check_save_dir, make_output_dir, write_image
 from psanet.core import dist, inference
 from psanet.core.checkpoint import load_model_weights, resolve_weights_path
 from psanet.core.config import ComponentBuilder, load_config
 from psanet.core.loader import build_eval_loader, raise_if_error, sample_paths
 from psanet.core.metrics import class_areas, confusion_matrix, summarize
-from psanet.core.options import InferenceOptions
+from psanet.core.options import InferenceOptions, check_not_negative
 from psanet.core.runtime import autocast, progress_bar, set_device
 from psanet.data.prepare_cityscapes import train_ids_to_label_ids
 from psanet.data.validate import IMAGE_SUFFIX
@@ -63,13 +62,11 @@ def prediction_file_name(image_path, dataset):
 
 def _write_prediction(pred, image_path, dataset, save_dir):
     path = os.path.join(save_dir, prediction_file_name(image_path, dataset))
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    make_output_dir(os.path.dirname(path))
     ids = pred.astype('uint8')
     if isinstance(dataset, Cityscapes):
         ids = train_ids_to_label_ids(ids)
-    if not cv2.imwrite(path, ids):
-        raise OSError(f'cannot write {path}: check the permissions and free space of --save_dir.')
-    return path
+    return write_image(path, ids)
 
 
 def format_report(result):
@@ -195,6 +192,7 @@ def evaluate_from_config(config, model_path, device=None, num_workers=0, save_di
     Returns:
         dict: the result of :func:`evaluate`.
     """
+    check_not_negative(num_workers=(num_workers, 'load in the main process'))
     set_device(device)
     dist.init_parallel()
     logger = get_logger()

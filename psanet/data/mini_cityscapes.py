@@ -8,10 +8,12 @@ what the scenes hold: docs/design.md.
 """
 import json
 import os
-import shutil
 
 import cv2
 import numpy as np
+
+from psanet.contract import check_save_dir, write_folder
+from psanet.errors import ConfigError
 
 from .prepare_cityscapes import LABEL_IDS_SUFFIX, label_ids_to_train_ids
 from .validate import IMAGE_SUFFIX, TRAIN_IDS_SUFFIX
@@ -26,6 +28,7 @@ DEFAULT_CITIES = {'train': ('aachen', 'bochum', 'bremen'),
 SPLIT_SEEDS = {'train': 0, 'val': 1}
 FRAME = 19  # the annotated frame of each Cityscapes sequence
 MIN_SIZE = (32, 16)
+MAX_SIZE = (4096, 2048)  # twice Cityscapes' 2048x1024; a scene is drawn in memory at once
 _ATTEMPTS = 4
 
 
@@ -563,8 +566,8 @@ def _cities(cities, split):
     return chosen
 
 
-def _prepare_root(root):
-    """Clears a previous mini Cityscapes in root; refuses to touch any other dataset."""
+def _check_root(root):
+    """Refuses a root that holds another dataset (a previous mini Cityscapes is replaced)."""
     if os.path.exists(root) and not os.path.isdir(root):
         raise FileExistsError(f'--out {root} is a file, not a folder: choose a folder path '
                               '(it is made if missing).')
@@ -573,9 +576,6 @@ def _prepare_root(root):
         raise FileExistsError(f'--out {root} cannot be made: {parent} is a file, not a folder; '
                               'choose another --out path.')
     if os.path.exists(os.path.join(root, MARKER)):
-        for folder in ('leftImg8bit', 'gtFine'):
-            for split in SPLIT_SEEDS:
-                shutil.rmtree(os.path.join(root, folder, split), ignore_errors=True)
         return
     for folder in ('leftImg8bit', 'gtFine'):
         if os.path.isdir(os.path.join(root, folder)) and os.listdir(os.path.join(root, folder)):
@@ -583,10 +583,9 @@ def _prepare_root(root):
                 f'{os.path.join(root, folder)} exists and was not made by this generator '
                 f'(no {MARKER}): choose an empty --out folder or remove that one.')
     try:
-        os.makedirs(root, exist_ok=True)
-    except OSError as error:
-        raise OSError(f'--out {root} cannot be made ({error.strerror}): choose a folder you can '
-                      'write to.') from error
+        check_save_dir(root, '--out')
+    except ConfigError as error:
+        raise OSError(str(error)) from None
 
 
 def _existing_ancestor(path):
@@ -636,14 +635,28 @@ def generate(root, num_train=40, num_val=10, size=(256, 128), seed=0, cities=Non
     width, height = (int(v) for v in size)
     if width < MIN_SIZE[0] or height < MIN_SIZE[1]:
         raise ValueError(f'size (width, height) must be at least {MIN_SIZE}, got {tuple(size)}')
+    if width > MAX_SIZE[0] or height > MAX_SIZE[1]:
+        raise ValueError(f'size (width, height) must be at most {MAX_SIZE} (twice Cityscapes), '
+                         f'got {tuple(size)}')
     for name, value in (('num_train', num_train), ('num_val', num_val), ('seed', seed)):
         if not isinstance(value, (int, np.integer)) or value < 0:
             raise ValueError(f'{name} must be a non-negative int, got {value!r}')
     counts = {'train': int(num_train), 'val': int(num_val)}
     split_cities = {split: _cities(cities, split) for split in counts}
-    _prepare_root(root)
+    _check_root(root)
+    # Written into a hidden folder that then replaces root, so that an interrupted run
+    # leaves the previous set (images and summary) as it was; the user's files stay.
     summary = {'root': root, 'size': [width, height], 'seed': int(seed),
                'classes': list(TRAIN_CLASSES), 'splits': {}}
+    write_folder(root, lambda folder: _write_splits(folder, counts, split_cities, summary),
+                 carry_over=lambda name: True)
+    return summary
+
+
+def _write_splits(root, counts, split_cities, summary):
+    (width, height), seed = summary['size'], summary['seed']
+    """Fills ``root`` (the hidden folder) with both splits; their statistics go to
+    ``summary`` and the summary to ``root/mini_cityscapes.json``."""
     for split, count in counts.items():
         histogram = np.zeros(256, np.int64)
         class_images = np.zeros(256, np.int64)

@@ -2,13 +2,14 @@
 import os
 import struct
 
+import numpy as np
 import yaml
 
 from psanet.contract import (DEFAULT_TRANSFORMS, DEPLOY_FILE, DEPLOY_SECTION, DYNAMIC_INPUT_SHAPE,
                              PALETTES, read_json)
 from psanet.errors import DeployError
 
-__all__ = ['DeployConfig', 'graph_holds_custom_op', 'check_params_file']
+__all__ = ['DeployConfig', 'graph_holds_custom_op', 'graph_parameters', 'check_params_file']
 
 CUSTOM_OP_NAME = 'psa_mask'
 
@@ -82,16 +83,60 @@ class _CutShort(Exception):
     pass
 
 
-def check_params_file(path):
-    """Raises DeployError when ``path`` (a ``model.pdiparams``) ends inside a tensor.
+def graph_parameters(model_file):
+    """``[(name, shape)]`` of the parameters the saved PIR program declares, sorted by name
+    (the order ``paddle.jit.save`` writes them to model.pdiparams)."""
+    program = read_json(model_file, lambda reason: DeployError(
+        f'cannot read the model graph {model_file}: {reason}. Export the model again with '
+        'export.py.'))
+    found, stack = [], [program]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            # PIR serialises a parameter as {"#": "p", "A": [..., name], "O": {"TT": {"D":
+            # [dtype, shape, ...]}}}.
+            if node.get('#') == 'p':
+                try:
+                    found.append((str(node['A'][-1]), [int(d) for d in node['O']['TT']['D'][1]]))
+                    continue
+                except (KeyError, IndexError, TypeError, ValueError):
+                    pass
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return sorted(found)
+
+
+def _check_params_fit(path, model_file, dims):
+    parameters = graph_parameters(model_file)
+    if not parameters:
+        return  # a graph layout this reader does not know
+    fix = ('they come from two different exports; copy model.json and model.pdiparams of one '
+           'export together, or export the model again.')
+    if len(parameters) != len(dims):
+        raise DeployError(f'the parameters file {path} holds {len(dims)} tensors, but the graph '
+                          f'{model_file} declares {len(parameters)}: {fix}')
+    wrong = [f'{name} (graph {shape}, file {got})'
+             for (name, shape), got in zip(parameters, dims) if list(shape) != list(got)]
+    if wrong:
+        raise DeployError(f'the parameters file {path} does not fit the graph {model_file}: '
+                          f'{len(wrong)} tensors have another shape, such as {", ".join(wrong[:3])}'
+                          f': {fix}')
+
+
+def check_params_file(path, model_file=None):
+    """Raises DeployError when ``path`` (a ``model.pdiparams``) ends inside a tensor, or, with
+    ``model_file``, when its tensors are not the shapes that graph declares.
 
     The file holds the tensors ``paddle.jit.save`` wrote one after another, each
     ``uint32 version, uint64 lod_level, lod_level x (uint64 size, bytes),
     uint32 version, int32 desc size, TensorDesc, data`` (Paddle's
     ``TensorToStream``). Paddle Inference says only "Cannot read tensor desc
     size" for a file cut short, and loads one cut inside its last tensor
-    without a word; walking the headers (the data is skipped, not read) names
-    the file and the fix. A layout this walk does not know passes unchecked.
+    without a word, and runs parameters of another model's export (another
+    ``psa_channels``) without a word; walking the headers (the data is skipped,
+    not read) names the file and the fix. A layout this walk does not know
+    passes unchecked.
     """
     size = os.path.getsize(path)
     fix = ('it was cut short (an interrupted copy or download, or a full disk); export the '
@@ -107,6 +152,7 @@ def check_params_file(path):
             return data
 
         tensors = start = 0
+        dims_read = []
         try:
             while f.tell() < size:
                 start = f.tell()
@@ -132,9 +178,12 @@ def check_params_file(path):
                     raise _CutShort
                 f.seek(end)
                 tensors += 1
+                dims_read.append(dims)
         except _CutShort:
             raise DeployError(f'the parameters file {path} ({size} bytes) ends inside its tensor '
                               f'#{tensors + 1}, which starts at byte {start}: {fix}') from None
+    if model_file is not None:
+        _check_params_fit(path, model_file, dims_read)
 
 
 class DeployConfig:
@@ -151,11 +200,15 @@ class DeployConfig:
             raise DeployError(f'deploy config not found: {path}. Pass the deploy.yaml that '
                               f'export.py wrote (export.py --config ... --model_path ... '
                               f'--save_dir DIR writes DIR/deploy.yaml).')
-        with open(path) as f:
-            try:
-                dic = yaml.safe_load(f)
-            except yaml.YAMLError as error:
-                raise DeployError(f'{path} is not valid YAML: {error}') from error
+        with open(path, 'rb') as f:
+            data = f.read()
+        try:
+            dic = yaml.safe_load(data.decode('utf-8'))
+        except yaml.YAMLError as error:
+            raise DeployError(f'{path} is not valid YAML: {error}') from error
+        except UnicodeDecodeError as error:
+            raise DeployError(f'{path} is not UTF-8 text (byte {error.start}): save it as '
+                              'UTF-8, or export the model again.') from None
         if not isinstance(dic, dict) or not isinstance(dic.get(DEPLOY_SECTION), dict):
             raise DeployError(f'{path} has no `Deploy:` section; is it a deploy.yaml '
                               f'written by export.py?')
@@ -169,6 +222,13 @@ class DeployConfig:
             if not os.path.isfile(file):
                 raise DeployError(f'model file not found: {file} (named by {path}). Export '
                                   f'the model again, or keep deploy.yaml next to its files.')
+        shape = self.dic.get('input_shape', DYNAMIC_INPUT_SHAPE)
+        if not isinstance(shape, (list, tuple)) or len(shape) != 4 or not all(
+                isinstance(s, int) and not isinstance(s, bool) and (s > 0 or s == -1)
+                for s in shape):
+            raise DeployError(f'{path}: Deploy.input_shape must be four integers N, 3, H, W '
+                              f'(-1 for a dynamic one), got {shape!r}: fix it or export the '
+                              'model again.')
 
     def _file(self, key):
         return os.path.join(self.dir, self.dic[key])
@@ -235,5 +295,17 @@ class DeployConfig:
             if name not in manager.TRANSFORMS.components_dict:
                 raise DeployError(f'{self.path}: unknown transform {name!r}; known: '
                                   f'{sorted(manager.TRANSFORMS.components_dict)}.')
-            ops.append(manager.TRANSFORMS[name](**spec))
-        return Compose(ops)
+            try:
+                ops.append(manager.TRANSFORMS[name](**spec))
+            except (TypeError, ValueError, AssertionError) as error:
+                raise DeployError(f'{self.path}: transform {name} {spec} cannot be built: '
+                                  f'{error}. Fix Deploy.transforms.') from error
+        compose = Compose(ops)
+        # A wrong value (`mean: abc`) fails only on an image: try one before any real image.
+        try:
+            compose({'img': np.zeros((32, 32, 3), np.float32), 'trans_info': []})
+        except Exception as error:  # what the transform raises depends on the value
+            raise DeployError(f'{self.path}: Deploy.transforms {self.transforms} fail on an '
+                              f'image ({type(error).__name__}: {error}): fix their values, or '
+                              'export the model again.') from error
+        return compose

@@ -10,7 +10,8 @@ run ends with ``UnreadableImagesError`` naming the skipped ones.
 import os
 
 from psanet import interrupts
-from psanet.contract import check_save_dir, color_map, get_image_list, read_images, save_prediction
+from psanet.contract import (check_outputs, check_save_dir, color_map, get_image_list, read_images,
+                             save_prediction)
 from psanet.errors import DeployError, UnreadableImagesError
 from psanet.log import get_logger
 
@@ -77,6 +78,7 @@ def infer(config, image_path, save_dir='./output', batch_size=1, benchmark=False
     check_save_dir(save_dir)
     deploy = DeployConfig(config)
     images = get_image_list(image_path)
+    check_outputs(images, save_dir)
     transforms = deploy.build_transforms()
     options = PredictorOptions(**predictor_flags)
     runner = PaddleRunner(deploy, options)

@@ -47,7 +47,8 @@ class PredictorOptions:
         enable_mkldnn (bool): run the CPU graph's convolutions in oneDNN; False turns it
             off explicitly (Paddle Inference's CPU default is on). Default: False.
         cpu_threads (int): math library threads on the CPU (onnxruntime's intra-op
-            threads). Default: 1.
+            threads), at most the cores this process may use (more are cut down, with a
+            warning). Default: 1.
         print_detail (bool): keep Paddle's glog output. Default: False.
 
     Raises:
@@ -75,6 +76,12 @@ class PredictorOptions:
                                   '--device gpu --use_trt True).')
             if int(self.cpu_threads) < 1:
                 raise DeployError(f'--cpu_threads must be >= 1, got {self.cpu_threads}.')
+            cores = len(os.sched_getaffinity(0))
+            if int(self.cpu_threads) > cores:
+                # More threads than cores only slows the math library; far more aborts OpenMP.
+                get_logger().warning(f'--cpu_threads {self.cpu_threads} is more than the '
+                                     f'{cores} cores this process may use: using {cores}.')
+                object.__setattr__(self, 'cpu_threads', cores)
         else:
             if not self.use_trt and self.precision != 'fp32':
                 raise DeployError(f'--precision {self.precision} on the GPU needs --use_trt '
@@ -100,7 +107,7 @@ def create_predictor(deploy, options=None):
     options = options or PredictorOptions()
     if not isinstance(deploy, DeployConfig):
         deploy = DeployConfig(deploy)
-    check_params_file(deploy.params)
+    check_params_file(deploy.params, deploy.model)
     if deploy.holds_custom_op:
         load_custom_op()
     config = inference.Config(deploy.model, deploy.params)

@@ -52,12 +52,48 @@ def library_path():
     return path
 
 
+def _elf_whole(path):
+    """Whether ``path`` is a 64-bit ELF file that ends where its section table says: a
+    library cut short would pass dlopen's first checks and crash the process (SIGBUS)
+    when a missing page is touched."""
+    try:
+        with open(path, 'rb') as f:
+            header = f.read(64)
+            size = os.fstat(f.fileno()).st_size
+    except OSError:
+        return False
+    if len(header) < 64 or header[:5] != b'\x7fELF\x02':
+        return False
+    order = 'little' if header[5] == 1 else 'big'
+    table = int.from_bytes(header[0x28:0x30], order)
+    entry, count = (int.from_bytes(header[i:i + 2], order) for i in (0x3A, 0x3C))
+    return table + entry * count <= size
+
+
 def load_library():
-    """Registers the op with Paddle (once per process); returns the library path."""
+    """Registers the op with Paddle (once per process); returns the library path.
+
+    A cached build that cannot be loaded (cut short by a full disk or a killed
+    build) is deleted and built again, once, with one line saying so.
+    """
     global _loaded_path
     if _loaded_path is None:
         path = library_path()
-        register_op_library(path)
+        if path != _INSTALLED:
+            reason = None if _elf_whole(path) else 'not a whole shared library'
+            if reason is None:
+                try:
+                    register_op_library(path)
+                except (RuntimeError, OSError) as error:
+                    reason = str(error).strip().splitlines()[0][:200]
+            if reason is not None:
+                print(f'psanet: the cached psa_mask op {path} cannot be loaded ({reason}); '
+                      'building it again', file=sys.stderr, flush=True)
+                os.remove(path)
+                path = library_path()
+                register_op_library(path)
+        else:
+            register_op_library(path)
         _loaded_path = path
     return _loaded_path
 
