@@ -2,6 +2,7 @@
 against the dygraph model, batching over images of two sizes, logits at the image's size,
 the default runtime, and its one-line errors (bad images, a runtime not installed)."""
 import importlib.util
+import os
 
 import cv2
 import numpy as np
@@ -12,8 +13,8 @@ from psanet import Segmenter
 from psanet.deploy import runtimes
 from psanet.deploy.processing import restore_logits
 from psanet.errors import DeployError
-from conftest import MINI_CONFIG, MINI_PSANET_RTOL, assert_logits_agree
-from engine_helpers import dygraph_logits, mini_psanet_for_eval
+from conftest import MINI_CONFIG, MINI_PSANET_RTOL, assert_logits_agree, infer_in_process
+from engine_helpers import assert_saved_masks_agree, dygraph_logits, mini_psanet_for_eval
 
 SIZES = [(96, 64), (96, 64), (64, 48)]  # width, height: two of one size, then another
 needs_onnx = pytest.mark.skipif(
@@ -79,6 +80,31 @@ def test_from_export_in_each_runtime_agrees_with_dygraph(checkpoint, runtime):
         assert_logits_agree(mixed[i], want, MINI_PSANET_RTOL, f'{runtime} {path}', class_axis=0)
         assert_logits_agree(logits[i], want, MINI_PSANET_RTOL, f'{runtime} logits', class_axis=0)
     assert np.array_equal(one, mixed[2])
+
+
+@pytest.mark.parametrize('backend', RUNTIMES[1:])
+def test_infer_runs_the_onnx_runtimes(checkpoint, tmp_path, capfd, backend):
+    model, _, export, paths = checkpoint
+    images = tmp_path / 'images'
+    images.mkdir()
+    for path in paths:
+        os.link(path, images / os.path.basename(path))
+    out = tmp_path / 'out'
+    code, stdout, stderr = infer_in_process(
+        capfd, '--config', export, '--image_path', images, '--save_dir', out, '--backend',
+        backend, '--cpu_threads', 1, '--batch_size', 2, '--benchmark', 'True')
+    assert code == 0, stderr
+    assert f'cpu, {backend}, 1 threads, fp32:' in stdout
+    assert_saved_masks_agree(out, paths, model, MINI_PSANET_RTOL)
+
+
+def test_infer_names_a_runtime_to_install(checkpoint, tmp_path, capfd, monkeypatch):
+    monkeypatch.setattr(runtimes, 'installed', lambda name: name == 'paddle')
+    code, _, stderr = infer_in_process(capfd, '--config', checkpoint[2], '--image_path',
+                                       checkpoint[3][0], '--save_dir', tmp_path / 'out',
+                                       '--backend', 'openvino')
+    assert code == 2
+    assert stderr.strip().splitlines()[-1].endswith('not installed: pip install openvino')
 
 
 def test_batches_split_where_the_size_changes_and_equal_batches_of_one(checkpoint):

@@ -46,7 +46,7 @@ def check_calib_images(calib_images, calib_num):
         raise ConfigError(f'--quantize int8 needs calibration images: --calib_images '
                           f'{calib_images} does not exist; pass a folder of images like the '
                           'ones the model will see (e.g. the val images).')
-    return [path for path, _ in get_image_list(calib_images)][:int(calib_num)]
+    return [path for path, _ in get_image_list(calib_images, flag='--calib_images')][:int(calib_num)]
 
 
 class _CalibrationReader:
