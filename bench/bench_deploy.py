@@ -154,7 +154,8 @@ def run(args, work):
                 runner = OpenVinoRunner(paddle_export.model, paddle_export.input_shape, options)
                 runtimes.append(('openvino, model.json, pure-Paddle op', runner.run))
             else:
-                skipped.append(f"openvino on model.json (OpenVINO {openvino.__version__.split('-')[0]}'s "
+                version = openvino.__version__.split('-')[0]
+                skipped.append(f"openvino on model.json (OpenVINO {version}'s "
                                "Paddle frontend does not read Paddle 3's model.json)")
         if paddle_export.onnx_int8:
             runtimes.append((f'{runtime}, INT8 ONNX (convolutions)',

@@ -1,8 +1,8 @@
 """PSANet (Point-wise Spatial Attention Network) for PaddlePaddle and PaddleSeg.
 
 Importing the package loads nothing else; ``from psanet import Segmenter`` loads
-the deploy runtime (:mod:`psanet.deploy.segmenter`) at that moment. ``import psanet.models`` registers
-``type: PSANet`` with paddleseg (for a PaddleSeg script of one's own); the
+the deploy runtime (:mod:`psanet.deploy.segmenter`) at that moment.
+``import psanet.models`` registers ``type: PSANet`` with paddleseg (for a PaddleSeg script of one's own); the
 engine does it where it builds a config.
 """
 __version__ = '0.1.0'

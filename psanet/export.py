@@ -142,7 +142,8 @@ ONNX_INSTALL = 'pip install paddle2onnx onnxruntime'
 def onnx_tools_installed():
     """True when paddle2onnx and onnxruntime can be imported (looked up, not imported)."""
     import importlib.util
-    return all(importlib.util.find_spec(name) is not None for name in ('paddle2onnx', 'onnxruntime'))
+    return all(importlib.util.find_spec(name) is not None
+               for name in ('paddle2onnx', 'onnxruntime'))
 
 
 def _check_onnx_tools():

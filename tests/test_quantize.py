@@ -15,11 +15,12 @@ from psanet.errors import ConfigError, DeployError
 from engine_helpers import mini_psanet_for_eval
 from psanet.export import ExportOptions, export_model
 
-TOOLS = ('paddle2onnx', 'onnxruntime', 'onnx', 'ml_dtypes')
-pytestmark = pytest.mark.skipif(
-    not all(importlib.util.find_spec(name) for name in TOOLS),
-    reason='INT8 quantisation needs paddle2onnx, onnxruntime, onnx and ml_dtypes '
-           '(pip install ml_dtypes; no Python 3.13 wheels of paddle2onnx yet)')
+MISSING = [name for name in ('paddle2onnx', 'onnxruntime', 'onnx', 'ml_dtypes')
+           if importlib.util.find_spec(name) is None]
+needs_tools = pytest.mark.skipif(
+    bool(MISSING), reason=f'INT8 quantisation needs {", ".join(MISSING)}, not installed '
+                          f'(pip install {" ".join(MISSING)}; paddle2onnx has no Python 3.13 '
+                          'wheels yet)')
 
 
 def _write_images(folder, count, seed):
@@ -54,6 +55,7 @@ def _graph(path):
     return graph, producers, initializers
 
 
+@needs_tools
 def test_every_convolution_is_int8_with_per_channel_weights(export):
     save_dir, _ = export
     deploy = DeployConfig(save_dir)
@@ -78,6 +80,7 @@ def test_every_convolution_is_int8_with_per_channel_weights(export):
         assert initializers[activation.input[2]].dtype == np.uint8  # U8S8
 
 
+@needs_tools
 def test_the_attention_stays_float(export):
     # The mask gather, its softmax and the (HW) x (HW) aggregation take float inputs that no
     # DequantizeLinear made (a resize may read a convolution's rounded input: still float).
@@ -90,8 +93,12 @@ def test_the_attention_stays_float(export):
             assert 'DequantizeLinear' not in fed, node.name
 
 
-@pytest.mark.parametrize('backend', ['onnxruntime', pytest.param('openvino', marks=pytest.mark.skipif(
-    not runtimes.installed('openvino'), reason='openvino is not installed (pip install openvino)'))])
+OPENVINO = pytest.param('openvino', marks=pytest.mark.skipif(
+    not runtimes.installed('openvino'), reason='openvino is not installed (pip install openvino)'))
+
+
+@needs_tools
+@pytest.mark.parametrize('backend', ['onnxruntime', OPENVINO])
 def test_the_int8_model_stays_close_to_the_float_one(export, backend):
     save_dir, images = export
     fp32 = Segmenter.from_export(save_dir, backend='onnxruntime', cpu_threads=1)
@@ -106,6 +113,7 @@ def test_the_int8_model_stays_close_to_the_float_one(export, backend):
         assert (got.argmax(0) == want.argmax(0)).mean() > 0.9
 
 
+@needs_tools
 def test_the_int8_default_is_openvino_where_installed(export, monkeypatch):
     deploy = DeployConfig(export[0])
     want = 'openvino' if runtimes.installed('openvino') else 'onnxruntime'
@@ -115,11 +123,13 @@ def test_the_int8_default_is_openvino_where_installed(export, monkeypatch):
         runtimes.default_runtime(deploy, int8=True)
 
 
+@needs_tools
 def test_paddle_inference_is_refused_the_int8_model(export):
     with pytest.raises(DeployError, match='INT8 model is an ONNX model'):
         Segmenter.from_export(export[0], backend='paddle', int8=True)
 
 
+@needs_tools
 def test_no_int8_model_says_how_to_make_one(export, tmp_path):
     import shutil
     plain = str(tmp_path / 'plain')
@@ -130,6 +140,7 @@ def test_no_int8_model_says_how_to_make_one(export, tmp_path):
         runtimes.create_runner(deploy, 'onnxruntime', int8=True)
 
 
+@needs_tools
 @pytest.mark.parametrize('options, message', [
     (dict(quantize='int8', calib_images='CALIB'), 'add --psa_impl paddle --onnx'),
     (dict(quantize='int4', psa_impl='paddle', onnx=True, calib_images='CALIB'),

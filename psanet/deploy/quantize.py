@@ -2,9 +2,10 @@
 
 onnxruntime's static quantisation (QDQ format, int8 weights per output channel,
 uint8 activations with min/max ranges from calibration images run through the val
-transforms: the U8S8 pairing, which onnxruntime runs fastest on x86) writes ``model_int8.onnx`` next to ``model.onnx`` and names it in
-deploy.yaml (``onnx_int8``). Only the operator types in ``QUANTIZED_OPS`` are
-quantised: the convolutions of the backbone and the head; the PSA attention
+transforms: the U8S8 pairing, which onnxruntime runs fastest on x86) writes
+``model_int8.onnx`` next to ``model.onnx`` and names it in deploy.yaml
+(``onnx_int8``). Only the operator types in ``QUANTIZED_OPS`` are quantised: the
+convolutions of the backbone and the head; the PSA attention
 (the mask gather, softmax and the (HW) x (HW) aggregation), the resizes and the
 output stay float. onnxruntime and OpenVINO both run the QDQ model in INT8.
 Why this path and its figures: docs/deploy.md ("INT8 on the CPU").
@@ -46,7 +47,8 @@ def check_calib_images(calib_images, calib_num):
         raise ConfigError(f'--quantize int8 needs calibration images: --calib_images '
                           f'{calib_images} does not exist; pass a folder of images like the '
                           'ones the model will see (e.g. the val images).')
-    return [path for path, _ in get_image_list(calib_images, flag='--calib_images')][:int(calib_num)]
+    images = get_image_list(calib_images, flag='--calib_images')
+    return [path for path, _ in images][:int(calib_num)]
 
 
 class _CalibrationReader:
