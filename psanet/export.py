@@ -23,8 +23,9 @@ from psanet.contract import (DEFAULT_TRANSFORMS, DEPLOY_FILE, DEPLOY_SECTION, DY
 from psanet.core.checkpoint import load_model_weights
 from psanet.core.config import ComponentBuilder, load_config
 from psanet.deploy.config import DeployConfig
-from psanet.deploy.predictor import OnnxRunner, PaddleRunner, PredictorOptions
+from psanet.deploy.predictor import PredictorOptions
 from psanet.deploy.processing import preprocess
+from psanet.deploy.runtimes import create_runner
 from psanet.deploy.quantize import (INT8_FILE, check_calib_images, check_quantize_tools,
                                     quantize_export)
 from psanet.errors import ConfigError
@@ -302,21 +303,23 @@ def export_from_config(config, model_path, save_dir='output/inference_model',
 
 def _check_export(model, deploy_path, image_path, logger):
     images = [path for path, _ in get_image_list(image_path, flag='--check_image_path')]
-    checks = [('Paddle Inference, CPU, oneDNN off', 'paddle', False),
-              ('Paddle Inference, CPU, oneDNN on', 'paddle', True)]
+    checks = [('Paddle Inference, CPU, oneDNN off', 'paddle', False, False),
+              ('Paddle Inference, CPU, oneDNN on', 'paddle', True, False)]
     deploy = DeployConfig(deploy_path)
     if deploy.onnx:
-        checks.append(('onnxruntime, CPU', 'onnxruntime', False))
-    for name, backend, enable_mkldnn in checks:
+        checks.append(('onnxruntime, CPU', 'onnxruntime', False, False))
+    if deploy.onnx_int8:
+        checks.append(('INT8, onnxruntime, CPU', 'onnxruntime', False, True))
+    for name, backend, enable_mkldnn, int8 in checks:
         result = compare_with_dygraph(model, deploy, images,
-                                      PredictorOptions(enable_mkldnn=enable_mkldnn), backend)
+                                      PredictorOptions(enable_mkldnn=enable_mkldnn), backend, int8)
         diff = '' if result['max_abs_diff'] is None else \
             f', max |output - dygraph| {result["max_abs_diff"]:.1e}'
         logger.info(f'Exported model ({name}) vs dygraph on {result["images"]} images: '
                     f'{result["pixel_agreement"] * 100:.3f}% of pixels agree{diff}.')
 
 
-def compare_with_dygraph(model, deploy, image_paths, options=None, backend='paddle'):
+def compare_with_dygraph(model, deploy, image_paths, options=None, backend='paddle', int8=False):
     """Runs ``image_paths`` through ``model`` (dygraph) and the export ``deploy`` describes.
 
     Args:
@@ -325,8 +328,9 @@ def compare_with_dygraph(model, deploy, image_paths, options=None, backend='padd
         image_paths (list[str]): Images, preprocessed with the export's transforms.
         options (PredictorOptions, optional): How the export runs (for onnxruntime, its
             ``cpu_threads``). Default: ``PredictorOptions()``.
-        backend (str, optional): 'paddle' (Paddle Inference) or 'onnxruntime' (model.onnx).
-            Default: 'paddle'.
+        backend (str, optional): 'paddle' (Paddle Inference), 'onnxruntime' or 'openvino'
+            (model.onnx; :mod:`psanet.deploy.runtimes`). Default: 'paddle'.
+        int8 (bool, optional): Run model_int8.onnx instead. Default: False.
 
     Returns:
         dict: ``images``; ``pixel_agreement``, the fraction of pixels whose class is
@@ -334,7 +338,7 @@ def compare_with_dygraph(model, deploy, image_paths, options=None, backend='padd
         from the dygraph logits (or their softmax), None for an argmax export.
     """
     deploy = deploy if isinstance(deploy, DeployConfig) else DeployConfig(deploy)
-    runner = (OnnxRunner if backend == 'onnxruntime' else PaddleRunner)(deploy, options)
+    runner = create_runner(deploy, backend, options, int8=int8)
     transforms = deploy.build_transforms()
     was_training = model.training
     model.eval()

@@ -164,3 +164,17 @@ def test_missing_quantiser_packages_are_named(monkeypatch):
                         lambda name: None if name == 'ml_dtypes' else real(name))
     with pytest.raises(ConfigError, match='needs ml_dtypes, not installed: pip install'):
         quantize.check_quantize_tools()
+
+
+@needs_tools
+def test_the_export_check_compares_the_int8_model_with_dygraph(export):
+    from engine_helpers import dygraph_logits
+    from psanet.export import compare_with_dygraph
+    save_dir, images = export
+    model = mini_psanet_for_eval(seed=1)  # the fixture's weights again
+    result = compare_with_dygraph(model, save_dir, images, backend='onnxruntime', int8=True)
+    labels = Segmenter.from_export(save_dir, backend='onnxruntime', int8=True)(images)
+    want = np.mean([(label == dygraph_logits(model, path).argmax(0)).mean()
+                    for label, path in zip(labels, images)])
+    assert result['pixel_agreement'] == pytest.approx(want)
+    assert 0.9 < result['pixel_agreement'] < 1.0

@@ -95,7 +95,9 @@ def infer(config, image_path, save_dir='./output', batch_size=1, benchmark=False
     onednn = 'on' if options.enable_mkldnn else 'off'
     engine = f'Paddle Inference, oneDNN {onednn}' if backend == 'paddle' else backend
     precision = 'int8' if int8 else options.precision
-    logger.info(f'Inferring {len(images)} images with {deploy.model} on {options.device} '
+    model_file = deploy.model if backend == 'paddle' else \
+        deploy.onnx_int8 if int8 else deploy.onnx
+    logger.info(f'Inferring {len(images)} images with {model_file} on {options.device} '
                 f'({engine}, batch size {batch_size}) ...')
     colors = color_map(deploy.num_classes, cityscapes=deploy.palette == 'cityscapes')
     timer = StageTimer()

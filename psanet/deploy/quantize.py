@@ -88,7 +88,8 @@ def quantize_export(deploy, calib_images, calib_num=32, logger=None):
     target = os.path.join(deploy.dir, INT8_FILE)
     partial, folded = target + '.partial', target + '.folded'
     input_name = onnx.load(deploy.onnx, load_external_data=False).graph.input[0].name
-    logger.info(f'Quantising {deploy.onnx} to INT8 ({", ".join(QUANTIZED_OPS)}) with '
+    logger.info(f'Quantising {os.path.basename(deploy.onnx)} to INT8 '
+                f'({", ".join(QUANTIZED_OPS)}) with '
                 f'{len(paths)} calibration images from {calib_images} ...')
     try:
         # paddle2onnx writes the weights as Constant nodes and BatchNorm apart from each
@@ -109,7 +110,7 @@ def quantize_export(deploy, calib_images, calib_num=32, logger=None):
     _name_in_deploy_yaml(deploy, {'onnx_int8': INT8_FILE,
                                   'int8_calibration': {'images': len(paths),
                                                        'ops': list(QUANTIZED_OPS)}})
-    logger.info(f'Wrote {target}.')
+    logger.info(f'Wrote {INT8_FILE}.')
     return target
 
 
