@@ -94,6 +94,8 @@ class Segmenter:
     def from_config(cls, config, weights, save_dir=None, **options):
         """A trained checkpoint: exports it (logits out), then runs the export.
 
+        The export runs on the CPU, as export.py does (``paddle.set_device('cpu')``).
+
         Args:
             config (str): The training config.
             weights (str): model.pdparams or a checkpoint folder.
