@@ -3,7 +3,7 @@
     python export.py --config configs/psanet/psanet_resnet50_os8_cityscapes_1024x512_80k.yml \
         --model_path output/best_model/model.pdparams --save_dir output/inference_model
     python export.py --config <cfg> --model_path <pdparams> --save_dir output/onnx \
-        --psa_impl paddle --onnx
+        --psa_impl paddle --onnx [--quantize int8 --calib_images <val images> --calib_num 32]
 """
 import argparse
 
@@ -29,6 +29,13 @@ def parse_args(argv=None):
                         'paddle: standard ops only (no library; exports to ONNX).')
     parser.add_argument('--onnx', action='store_true',
                         help='Also write model.onnx with paddle2onnx (needs --psa_impl paddle).')
+    parser.add_argument('--quantize', default=None, choices=['int8'],
+                        help='int8: also write model_int8.onnx, quantised for the CPU with '
+                        '--calib_images (needs --psa_impl paddle --onnx; pip install ml_dtypes).')
+    parser.add_argument('--calib_images', default=None,
+                        help='Calibration images for --quantize (folder, image or list file).')
+    parser.add_argument('--calib_num', type=int, default=32,
+                        help='How many calibration images to use (default 32).')
     parser.add_argument('--check_image_path', default=None,
                         help='Images (file, folder or list) to run through the dygraph and the '
                         'exported model, printing how far they agree.')

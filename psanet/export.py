@@ -24,15 +24,19 @@ from psanet.contract import (DEFAULT_TRANSFORMS, DEPLOY_FILE, DEPLOY_SECTION, DY
 from psanet.core.checkpoint import load_model_weights
 from psanet.core.config import ComponentBuilder, load_config
 from psanet.deploy.config import DeployConfig
-from psanet.deploy.predictor import OnnxRunner, PaddleRunner, PredictorOptions
+from psanet.deploy.predictor import PredictorOptions
 from psanet.deploy.processing import preprocess
+from psanet.deploy.runtimes import create_runner
+from psanet.deploy.quantize import (INT8_FILE, check_calib_images, check_quantize_tools,
+                                    quantize_export)
 from psanet.errors import ConfigError
 from psanet.log import get_logger
 from psanet.ops import psa_impl as use_psa_impl
 from psanet.ops.psa_mask import _IMPLS as PSA_IMPLS
 
 __all__ = ['ExportOptions', 'exported_layer', 'export_model', 'export_onnx', 'export_from_config',
-           'check_export_dir', 'parse_input_shape', 'compare_with_dygraph']
+           'check_export_dir', 'parse_input_shape', 'compare_with_dygraph',
+           'onnx_tools_installed']
 
 ONNX_OPSET = 13
 
@@ -95,6 +99,10 @@ class ExportOptions:
             and onnxruntime). Default: False.
         palette (str, optional): Colours of the deployed predictions, 'cityscapes' or
             'default' (:func:`psanet.contract.palette_for`). Default: 'default'.
+        quantize (str, optional): 'int8' also writes model_int8.onnx, quantised with
+            calibration images (:mod:`psanet.deploy.quantize`; needs ``onnx``). Default: None.
+        calib_images (str, optional): The calibration images (folder, image or list file).
+        calib_num (int, optional): How many calibration images to use. Default: 32.
 
     Raises:
         ConfigError: for an option that cannot work, naming its flag.
@@ -104,6 +112,9 @@ class ExportOptions:
     psa_impl: str = 'custom'
     onnx: bool = False
     palette: str = 'default'
+    quantize: Optional[str] = None
+    calib_images: Optional[str] = None
+    calib_num: int = 32
 
     def __post_init__(self):
         for name, value, choices in (('--output_op', self.output_op, OUTPUT_OPS),
@@ -116,10 +127,25 @@ class ExportOptions:
                               '(paddle2onnx cannot convert custom operators).')
         if self.onnx:
             _check_onnx_tools()
+        if self.quantize is not None:
+            if self.quantize != 'int8':
+                raise ConfigError(f"--quantize must be int8, got {self.quantize!r}.")
+            if not self.onnx:
+                raise ConfigError('--quantize int8 quantises model.onnx: add --psa_impl paddle '
+                                  '--onnx.')
+            check_quantize_tools()
+            check_calib_images(self.calib_images, self.calib_num)
         object.__setattr__(self, 'input_shape', tuple(parse_input_shape(self.input_shape)))
 
 
 ONNX_INSTALL = 'pip install paddle2onnx onnxruntime'
+
+
+def onnx_tools_installed():
+    """True when paddle2onnx and onnxruntime can be imported (looked up, not imported)."""
+    import importlib.util
+    return all(importlib.util.find_spec(name) is not None
+               for name in ('paddle2onnx', 'onnxruntime'))
 
 
 def _check_onnx_tools():
@@ -155,7 +181,7 @@ def export_model(model, val_transforms, save_dir, options=None, num_classes=None
     """
     options = options or ExportOptions()
     check_export_dir(save_dir)
-    export_files = {PROGRAM_FILE, PARAMS_FILE, ONNX_FILE, DEPLOY_FILE}
+    export_files = {PROGRAM_FILE, PARAMS_FILE, ONNX_FILE, INT8_FILE, DEPLOY_FILE}
     write_folder(save_dir, lambda folder: _write_export(
         model, val_transforms, folder, options, num_classes),
         carry_over=lambda name: name not in export_files)
@@ -211,6 +237,8 @@ def _write_export(model, val_transforms, save_dir, options, num_classes):
     interrupts.raise_if_requested()  # before deploy.yaml: the old export stays whole
     with open(os.path.join(save_dir, DEPLOY_FILE), 'w') as f:
         yaml.safe_dump({DEPLOY_SECTION: deploy}, f, sort_keys=False)
+    if options.quantize:
+        quantize_export(save_dir, options.calib_images, options.calib_num)
 
 
 def export_onnx(save_dir):
@@ -240,7 +268,8 @@ def export_from_config(config, model_path, save_dir='output/inference_model',
             the dygraph model and the exported one (Paddle Inference on the CPU, oneDNN off
             and on; onnxruntime too with ``onnx``), logging how far they agree. Default: None.
         opts (list, optional): ``key=value`` config overrides. Default: None.
-        **flags: export.py's ``input_shape``, ``output_op``, ``psa_impl`` and ``onnx``
+        **flags: export.py's ``input_shape``, ``output_op``, ``psa_impl``, ``onnx``,
+            ``quantize``, ``calib_images`` and ``calib_num``
             (:class:`ExportOptions`); the palette follows the config's val dataset.
 
     Returns:
@@ -276,21 +305,23 @@ def export_from_config(config, model_path, save_dir='output/inference_model',
 
 def _check_export(model, deploy_path, image_path, logger):
     images = [path for path, _ in get_image_list(image_path, flag='--check_image_path')]
-    checks = [('Paddle Inference, CPU, oneDNN off', 'paddle', False),
-              ('Paddle Inference, CPU, oneDNN on', 'paddle', True)]
+    checks = [('Paddle Inference, CPU, oneDNN off', 'paddle', False, False),
+              ('Paddle Inference, CPU, oneDNN on', 'paddle', True, False)]
     deploy = DeployConfig(deploy_path)
     if deploy.onnx:
-        checks.append(('onnxruntime, CPU', 'onnxruntime', False))
-    for name, backend, enable_mkldnn in checks:
+        checks.append(('onnxruntime, CPU', 'onnxruntime', False, False))
+    if deploy.onnx_int8:
+        checks.append(('INT8, onnxruntime, CPU', 'onnxruntime', False, True))
+    for name, backend, enable_mkldnn, int8 in checks:
         result = compare_with_dygraph(model, deploy, images,
-                                      PredictorOptions(enable_mkldnn=enable_mkldnn), backend)
+                                      PredictorOptions(enable_mkldnn=enable_mkldnn), backend, int8)
         diff = '' if result['max_abs_diff'] is None else \
             f', max |output - dygraph| {result["max_abs_diff"]:.1e}'
         logger.info(f'Exported model ({name}) vs dygraph on {result["images"]} images: '
                     f'{result["pixel_agreement"] * 100:.3f}% of pixels agree{diff}.')
 
 
-def compare_with_dygraph(model, deploy, image_paths, options=None, backend='paddle'):
+def compare_with_dygraph(model, deploy, image_paths, options=None, backend='paddle', int8=False):
     """Runs ``image_paths`` through ``model`` (dygraph) and the export ``deploy`` describes.
 
     Args:
@@ -299,8 +330,9 @@ def compare_with_dygraph(model, deploy, image_paths, options=None, backend='padd
         image_paths (list[str]): Images, preprocessed with the export's transforms.
         options (PredictorOptions, optional): How the export runs (for onnxruntime, its
             ``cpu_threads``). Default: ``PredictorOptions()``.
-        backend (str, optional): 'paddle' (Paddle Inference) or 'onnxruntime' (model.onnx).
-            Default: 'paddle'.
+        backend (str, optional): 'paddle' (Paddle Inference), 'onnxruntime' or 'openvino'
+            (model.onnx; :mod:`psanet.deploy.runtimes`). Default: 'paddle'.
+        int8 (bool, optional): Run model_int8.onnx instead. Default: False.
 
     Returns:
         dict: ``images``; ``pixel_agreement``, the fraction of pixels whose class is
@@ -308,7 +340,7 @@ def compare_with_dygraph(model, deploy, image_paths, options=None, backend='padd
         from the dygraph logits (or their softmax), None for an argmax export.
     """
     deploy = deploy if isinstance(deploy, DeployConfig) else DeployConfig(deploy)
-    runner = (OnnxRunner if backend == 'onnxruntime' else PaddleRunner)(deploy, options)
+    runner = create_runner(deploy, backend, options, int8=int8)
     transforms = deploy.build_transforms()
     was_training = model.training
     model.eval()

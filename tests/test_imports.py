@@ -190,6 +190,14 @@ def test_importing_the_package_loads_nothing_else():
     assert _loaded_after('import psanet') == ['psanet']
 
 
+def test_the_python_api_loads_the_runtime_only():
+    # psanet.Segmenter is looked up lazily; Segmenter.from_config loads the build side
+    # when it is called, not when the API is imported.
+    loaded = _loaded_after('from psanet import Segmenter\nassert Segmenter.from_config')
+    assert 'psanet.deploy.segmenter' in loaded
+    _assert_no_training_stack(loaded)
+
+
 def test_importing_the_models_registers_psanet_with_paddleseg():
     code = ('import psanet.models\n'
             'from paddleseg.cvlibs import manager\n'

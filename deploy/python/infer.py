@@ -1,4 +1,5 @@
-"""Run an exported model with Paddle Inference (PaddleSeg's deploy/python/infer.py flags).
+"""Run an exported model with Paddle Inference (PaddleSeg's deploy/python/infer.py flags), or
+with onnxruntime or OpenVINO (``--backend``).
 
     python deploy/python/infer.py --config output/inference_model/deploy.yaml \
         --image_path data/mini_cityscapes/leftImg8bit/val --device cpu --enable_mkldnn True \
@@ -37,6 +38,9 @@ FLAGS = (
     ('benchmark', str2bool, False, 'Print preprocess / inference / postprocess ms per image.'),
     ('model_name', str, '', 'Shown in the --benchmark table (TIPC passes it).'),
     ('print_detail', str2bool, False, "Keep Paddle Inference's glog output."),
+    ('backend', str, 'paddle', 'paddle (Paddle Inference), onnxruntime or openvino (these two '
+     'run model.onnx of a --psa_impl paddle --onnx export; --precision int8 runs its INT8 '
+     'model).'),
 )
 
 

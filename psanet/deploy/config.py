@@ -247,6 +247,11 @@ class DeployConfig:
         return self._file('onnx') if self.dic.get('onnx') else None
 
     @property
+    def onnx_int8(self):
+        """Path of the INT8 model.onnx psanet.deploy.quantize wrote, or None."""
+        return self._file('onnx_int8') if self.dic.get('onnx_int8') else None
+
+    @property
     def transforms(self):
         """The val transforms as written (a list of dicts)."""
         return [dict(t) for t in self.dic.get('transforms') or DEFAULT_TRANSFORMS]

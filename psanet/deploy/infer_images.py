@@ -16,8 +16,9 @@ from psanet.errors import DeployError, UnreadableImagesError
 from psanet.log import get_logger
 
 from .config import DeployConfig
-from .predictor import PaddleRunner, PredictorOptions
+from .predictor import PredictorOptions
 from .processing import postprocess, preprocess
+from .runtimes import RUNTIMES, create_runner
 from .timing import StageTimer, format_table
 
 __all__ = ['infer']
@@ -63,7 +64,10 @@ def infer(config, image_path, save_dir='./output', batch_size=1, benchmark=False
         logger (logging.Logger, optional): Default: the engine's 'psanet' logger.
         **predictor_flags: infer.py's ``device``, ``use_trt``, ``precision``,
             ``enable_mkldnn``, ``cpu_threads`` and ``print_detail``
-            (:class:`psanet.deploy.predictor.PredictorOptions`).
+            (:class:`psanet.deploy.predictor.PredictorOptions`), and ``backend``: 'paddle'
+            (Paddle Inference, the default), 'onnxruntime' or 'openvino'
+            (:mod:`psanet.deploy.runtimes`, the runners of :class:`psanet.Segmenter`);
+            with an ONNX backend ``precision='int8'`` runs the export's INT8 model.
 
     Returns:
         dict: ``{'written': [(pseudo, overlay), ...], 'times': {stage: (mean, p50, p90)}}``.
@@ -80,11 +84,21 @@ def infer(config, image_path, save_dir='./output', batch_size=1, benchmark=False
     images = get_image_list(image_path)
     check_outputs(images, save_dir)
     transforms = deploy.build_transforms()
+    backend = predictor_flags.pop('backend', None) or 'paddle'
+    if backend not in RUNTIMES:
+        raise DeployError(f'--backend must be one of {RUNTIMES}, got {backend!r}.')
+    int8 = backend != 'paddle' and predictor_flags.get('precision') == 'int8'
+    if int8:
+        predictor_flags['precision'] = 'fp32'  # PredictorOptions describes Paddle's precision
     options = PredictorOptions(**predictor_flags)
-    runner = PaddleRunner(deploy, options)
+    runner = create_runner(deploy, backend, options, int8=int8)
     onednn = 'on' if options.enable_mkldnn else 'off'
-    logger.info(f'Inferring {len(images)} images with {deploy.model} on {options.device} '
-                f'(batch size {batch_size}, oneDNN {onednn}) ...')
+    engine = f'Paddle Inference, oneDNN {onednn}' if backend == 'paddle' else backend
+    precision = 'int8' if int8 else options.precision
+    model_file = deploy.model if backend == 'paddle' else \
+        deploy.onnx_int8 if int8 else deploy.onnx
+    logger.info(f'Inferring {len(images)} images with {model_file} on {options.device} '
+                f'({engine}, batch size {batch_size}) ...')
     colors = color_map(deploy.num_classes, cityscapes=deploy.palette == 'cityscapes')
     timer = StageTimer()
     written, unreadable = [], []
@@ -112,8 +126,8 @@ def infer(config, image_path, save_dir='./output', batch_size=1, benchmark=False
     if benchmark:
         prefix = f'{model_name}: ' if model_name else ''
         title = (f'{prefix}ms per image over {len(written)} images, batch size {batch_size}, '
-                 f'{options.device}, oneDNN {onednn}, {options.cpu_threads} threads, '
-                 f'{options.precision}:')
+                 f'{options.device}, {engine}, {options.cpu_threads} threads, '
+                 f'{precision}:')
         print(format_table(times, title), flush=True)
     if unreadable:
         raise UnreadableImagesError(unreadable, len(images), written, save_dir)

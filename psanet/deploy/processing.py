@@ -5,7 +5,7 @@ import numpy as np
 from psanet.contract import OUTPUT_OPS
 from psanet.errors import DeployError, unreadable_image
 
-__all__ = ['preprocess', 'postprocess', 'restore_label_map']
+__all__ = ['preprocess', 'postprocess', 'restore_label_map', 'restore_logits']
 
 
 def preprocess(image_paths, transforms, names=None):
@@ -84,3 +84,19 @@ def restore_label_map(label, trans_info):
         else:
             raise DeployError(f'cannot undo the transform step {kind!r}.')
     return label
+
+
+def restore_logits(logit, trans_info):
+    """Undoes the transforms' resizes and paddings on a ``[C, H, W]`` float map (bilinear),
+    as paddleseg's ``reverse_transform`` does on logits."""
+    hwc = np.ascontiguousarray(logit.transpose(1, 2, 0))
+    for kind, (height, width) in reversed(trans_info):
+        if kind == 'resize':
+            hwc = cv2.resize(hwc, (int(width), int(height)), interpolation=cv2.INTER_LINEAR)
+            if hwc.ndim == 2:  # OpenCV drops a single channel
+                hwc = hwc[:, :, np.newaxis]
+        elif kind == 'padding':
+            hwc = hwc[:int(height), :int(width)]
+        else:
+            raise DeployError(f'cannot undo the transform step {kind!r}.')
+    return np.ascontiguousarray(hwc.transpose(2, 0, 1))

@@ -1,0 +1,157 @@
+"""The runtimes an export runs in, by name, and which one the API picks by default.
+
+``RUNTIMES`` names them: 'paddle' (Paddle Inference on ``model.json``),
+'onnxruntime' and 'openvino' (on ``model.onnx``, or on the INT8 ``model_int8.onnx``
+that :mod:`psanet.deploy.quantize` writes). ``create_runner`` returns an object
+with ``run(batch) -> output``; an optional runtime that is not installed is named
+in one line with the package to install. The default order on the CPU is the
+measured one (docs/deploy.md, "Which runtime by default").
+"""
+import importlib.util
+import os
+
+import numpy as np
+
+from psanet.errors import DeployError
+
+from .config import DeployConfig
+from .predictor import PaddleRunner, PredictorOptions
+from .predictor import _check_batch as check_batch
+
+__all__ = ['RUNTIMES', 'PACKAGES', 'installed', 'default_runtime', 'create_runner',
+           'OnnxRuntimeRunner', 'OpenVinoRunner']
+
+RUNTIMES = ('paddle', 'onnxruntime', 'openvino')
+# The pip package of each optional runtime (Paddle Inference comes with paddlepaddle).
+PACKAGES = {'onnxruntime': 'onnxruntime', 'openvino': 'openvino'}
+# Fastest first, as measured on the CPU by bench/bench_deploy.py (docs/deploy.md).
+CPU_ORDER = ('openvino', 'onnxruntime', 'paddle')
+
+
+def installed(runtime):
+    """True when the runtime's Python package can be imported (looked up, not imported)."""
+    if runtime == 'paddle':
+        return True
+    return importlib.util.find_spec(PACKAGES[runtime]) is not None
+
+
+def _needs_package(runtime, what):
+    return DeployError(f'{what} needs {runtime}, which is not installed: '
+                       f'pip install {PACKAGES[runtime]}')
+
+
+def default_runtime(deploy, device='cpu', int8=False):
+    """The runtime an export runs in when none is named.
+
+    On the CPU the fastest installed one that can run the export: the ONNX
+    runtimes need ``model.onnx`` (or ``model_int8.onnx`` for INT8); Paddle
+    Inference runs every export. On the GPU, Paddle Inference.
+    """
+    if device != 'cpu':
+        return 'paddle'
+    has_onnx = (deploy.onnx_int8 if int8 else deploy.onnx) is not None
+    for runtime in CPU_ORDER:
+        if runtime == 'paddle':
+            if not int8:  # the INT8 model is an ONNX model
+                return runtime
+        elif has_onnx and installed(runtime):
+            return runtime
+    if not has_onnx:
+        raise DeployError(f'{deploy.path} names no INT8 model; quantise the export first: '
+                          'export.py ... --psa_impl paddle --onnx --quantize int8 '
+                          '--calib_images <folder>.')
+    raise _needs_package('onnxruntime', 'the INT8 model')
+
+
+def create_runner(deploy, runtime, options=None, int8=False):
+    """A runner of ``deploy`` in ``runtime`` ('paddle', 'onnxruntime' or 'openvino').
+
+    Args:
+        deploy (DeployConfig|str): The export.
+        runtime (str): One of ``RUNTIMES``.
+        options (PredictorOptions, optional): device, threads, oneDNN (Paddle Inference).
+            Default: ``PredictorOptions()``.
+        int8 (bool, optional): Run the quantised ``model_int8.onnx`` (CPU, ONNX runtimes).
+            Default: False.
+    """
+    deploy = deploy if isinstance(deploy, DeployConfig) else DeployConfig(deploy)
+    options = options or PredictorOptions()
+    if runtime not in RUNTIMES:
+        raise DeployError(f'the backend must be one of {RUNTIMES}, got {runtime!r}.')
+    if runtime == 'paddle':
+        if int8:
+            raise DeployError('the INT8 model is an ONNX model: run it with onnxruntime or '
+                              'openvino (backend onnxruntime).')
+        return PaddleRunner(deploy, options)
+    if runtime == 'openvino' and options.device != 'cpu':
+        raise DeployError('the openvino runtime runs on the CPU here; use device="cpu", or '
+                          'backend="paddle" on the GPU.')
+    path = deploy.onnx_int8 if int8 else deploy.onnx
+    if path is None or not os.path.isfile(path):
+        fix = ('quantise it: export.py ... --psa_impl paddle --onnx --quantize int8 '
+               '--calib_images <folder>' if int8 else
+               'export with `--psa_impl paddle --onnx`')
+        raise DeployError(f'{deploy.path} names no {"INT8 " if int8 else ""}'
+                          f'ONNX model, which {runtime} runs; {fix}.')
+    if not installed(runtime):
+        raise _needs_package(runtime, f'backend {runtime!r}')
+    cls = OnnxRuntimeRunner if runtime == 'onnxruntime' else OpenVinoRunner
+    return cls(path, deploy.input_shape, options)
+
+
+class OnnxRuntimeRunner:
+    """An ONNX file in onnxruntime (CPU, or CUDA with onnxruntime-gpu): ``run(batch)``.
+
+    Args:
+        path (str): The .onnx file.
+        input_shape (list): ``[N, C, H, W]`` of the export, -1 for dynamic.
+        options (PredictorOptions): ``cpu_threads`` are the intra-op threads.
+    """
+
+    def __init__(self, path, input_shape, options):
+        import onnxruntime
+        self.path, self.input_shape = path, input_shape
+        session_options = onnxruntime.SessionOptions()
+        session_options.intra_op_num_threads = options.cpu_threads
+        session_options.inter_op_num_threads = 1
+        session_options.log_severity_level = 3  # errors only: not paddle2onnx's unused constants
+        providers = ['CPUExecutionProvider']
+        if options.device == 'gpu':
+            if 'CUDAExecutionProvider' not in onnxruntime.get_available_providers():
+                raise DeployError('onnxruntime on the GPU needs onnxruntime-gpu: pip install '
+                                  'onnxruntime-gpu, or use backend paddle.')
+            providers.insert(0, 'CUDAExecutionProvider')
+        self.session = onnxruntime.InferenceSession(path, session_options, providers=providers)
+        self._input_name = self.session.get_inputs()[0].name
+
+    def run(self, batch):
+        check_batch(batch, self.input_shape, self.path)
+        batch = np.ascontiguousarray(batch, dtype='float32')
+        return self.session.run(None, {self._input_name: batch})[0]
+
+
+class OpenVinoRunner:
+    """An ONNX file in OpenVINO on the CPU: ``run(batch)``.
+
+    Args:
+        path (str): The .onnx file (an INT8 QDQ model runs in INT8).
+        input_shape (list): ``[N, C, H, W]`` of the export, -1 for dynamic.
+        options (PredictorOptions): ``cpu_threads`` are OpenVINO's inference threads.
+    """
+
+    def __init__(self, path, input_shape, options):
+        import openvino
+        self.path, self.input_shape = path, input_shape
+        core = openvino.Core()
+        # f32 explicitly: on a CPU with bfloat16 instructions OpenVINO runs in bf16 unless
+        # told otherwise, and the classes then move off the trained model's.
+        self.compiled = core.compile_model(core.read_model(path), 'CPU', {
+            'INFERENCE_NUM_THREADS': options.cpu_threads, 'PERFORMANCE_HINT': 'LATENCY',
+            'INFERENCE_PRECISION_HINT': 'f32'})
+        self.request = self.compiled.create_infer_request()
+
+    def run(self, batch):
+        check_batch(batch, self.input_shape, self.path)
+        batch = np.ascontiguousarray(batch, dtype='float32')
+        # The request's output tensor is reused by the next run: copy it out.
+        return np.array(self.request.infer([batch])[0], copy=True)

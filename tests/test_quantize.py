@@ -1,0 +1,180 @@
+"""INT8 post-training quantisation (export --quantize int8): which operators are INT8 and how
+(per-channel weights), that the attention stays float, the INT8 model in the API's ONNX
+runtimes against the float one, and the one-line refusals before any work."""
+import importlib.util
+import os
+
+import cv2
+import numpy as np
+import pytest
+
+from psanet import Segmenter
+from psanet.deploy import quantize, runtimes
+from psanet.deploy.config import DeployConfig
+from psanet.errors import ConfigError, DeployError
+from engine_helpers import mini_psanet_for_eval
+from psanet.export import ExportOptions, export_model
+
+MISSING = [name for name in ('paddle2onnx', 'onnxruntime', 'onnx', 'ml_dtypes')
+           if importlib.util.find_spec(name) is None]
+needs_tools = pytest.mark.skipif(
+    bool(MISSING), reason=f'INT8 quantisation needs {", ".join(MISSING)}, not installed '
+                          f'(pip install {" ".join(MISSING)}; paddle2onnx has no Python 3.13 '
+                          'wheels yet)')
+
+
+def _write_images(folder, count, seed):
+    os.makedirs(folder)
+    rng = np.random.RandomState(seed)
+    paths = []
+    for i in range(count):
+        small = rng.randint(0, 256, (4, 6, 3)).astype('uint8')
+        paths.append(os.path.join(folder, f'{i}.png'))
+        cv2.imwrite(paths[-1], cv2.resize(small, (96, 64), interpolation=cv2.INTER_CUBIC))
+    return paths
+
+
+@pytest.fixture(scope='module')
+def export(tmp_path_factory):
+    """(INT8 export folder, measured images): calibrated on 3 images, measured on 2 others."""
+    root = str(tmp_path_factory.mktemp('quantize'))
+    calib = os.path.join(root, 'calib')
+    _write_images(calib, 4, seed=0)
+    save_dir = os.path.join(root, 'export')
+    export_model(mini_psanet_for_eval(seed=1), [{'type': 'Normalize'}], save_dir,
+                 ExportOptions(output_op='none', psa_impl='paddle', onnx=True, quantize='int8',
+                               calib_images=calib, calib_num=3), num_classes=19)
+    return save_dir, _write_images(os.path.join(root, 'images'), 2, seed=1)
+
+
+def _graph(path):
+    import onnx
+    graph = onnx.load(path).graph
+    producers = {out: node for node in graph.node for out in node.output}
+    initializers = {init.name: onnx.numpy_helper.to_array(init) for init in graph.initializer}
+    return graph, producers, initializers
+
+
+@needs_tools
+def test_every_convolution_is_int8_with_per_channel_weights(export):
+    save_dir, _ = export
+    deploy = DeployConfig(save_dir)
+    assert deploy.onnx_int8 == os.path.join(save_dir, quantize.INT8_FILE)
+    assert deploy.dic['int8_calibration'] == {'images': 3, 'ops': ['Conv']}
+    graph, producers, initializers = _graph(deploy.onnx_int8)
+    convs = [node for node in graph.node if node.op_type == 'Conv']
+    assert convs
+    for conv in convs:
+        data, weight = (producers.get(name) for name in conv.input[:2])
+        assert data is not None and data.op_type == 'DequantizeLinear', conv.name
+        assert weight is not None and weight.op_type == 'DequantizeLinear', conv.name
+        q = initializers[weight.input[0]]
+        scale = initializers[weight.input[1]]
+        assert q.dtype == np.int8 and scale.shape == (q.shape[0],), conv.name
+        # Symmetric per output channel: each channel's largest weight maps to +-127.
+        # One scale for the whole tensor would leave most channels short of it.
+        per_channel_max = np.abs(q.reshape(q.shape[0], -1).astype(int)).max(1)
+        assert (per_channel_max >= 126).all(), (conv.name, per_channel_max.min())
+        activation = producers[data.input[0]]
+        assert activation.op_type == 'QuantizeLinear'
+        assert initializers[activation.input[2]].dtype == np.uint8  # U8S8
+
+
+@needs_tools
+def test_the_attention_stays_float(export):
+    # The mask gather, its softmax and the (HW) x (HW) aggregation take float inputs that no
+    # DequantizeLinear made (a resize may read a convolution's rounded input: still float).
+    graph, producers, _ = _graph(DeployConfig(export[0]).onnx_int8)
+    kinds = {node.op_type for node in graph.node}
+    assert {'Softmax', 'MatMul', 'Gather'} <= kinds
+    for node in graph.node:
+        if node.op_type in ('Softmax', 'MatMul', 'Gather'):
+            fed = [producers[name].op_type for name in node.input if name in producers]
+            assert 'DequantizeLinear' not in fed, node.name
+
+
+OPENVINO = pytest.param('openvino', marks=pytest.mark.skipif(
+    not runtimes.installed('openvino'), reason='openvino is not installed (pip install openvino)'))
+
+
+@needs_tools
+@pytest.mark.parametrize('backend', ['onnxruntime', OPENVINO])
+def test_the_int8_model_stays_close_to_the_float_one(export, backend):
+    save_dir, images = export
+    fp32 = Segmenter.from_export(save_dir, backend='onnxruntime', cpu_threads=1)
+    int8 = Segmenter.from_export(save_dir, backend=backend, cpu_threads=1, int8=True)
+    for want, got in zip(fp32.logits(images), int8.logits(images)):
+        assert got.shape == want.shape
+        scale = np.abs(want).max()
+        # 8-bit steps over ~30 convolutions: a few per cent of the logits' range, not 0
+        # (the INT8 model really runs) and not more (its scales fit the activations).
+        error = np.abs(got - want).mean() / scale
+        assert 1e-4 < error < 0.05, error
+        assert (got.argmax(0) == want.argmax(0)).mean() > 0.9
+
+
+@needs_tools
+def test_the_int8_default_is_openvino_where_installed(export, monkeypatch):
+    deploy = DeployConfig(export[0])
+    want = 'openvino' if runtimes.installed('openvino') else 'onnxruntime'
+    assert runtimes.default_runtime(deploy, int8=True) == want
+    monkeypatch.setattr(runtimes, 'installed', lambda name: name == 'paddle')
+    with pytest.raises(DeployError, match='INT8 model needs onnxruntime'):
+        runtimes.default_runtime(deploy, int8=True)
+
+
+@needs_tools
+def test_paddle_inference_is_refused_the_int8_model(export):
+    with pytest.raises(DeployError, match='INT8 model is an ONNX model'):
+        Segmenter.from_export(export[0], backend='paddle', int8=True)
+
+
+@needs_tools
+def test_no_int8_model_says_how_to_make_one(export, tmp_path):
+    import shutil
+    plain = str(tmp_path / 'plain')
+    shutil.copytree(export[0], plain)
+    deploy = DeployConfig(plain)
+    deploy.dic.pop('onnx_int8')
+    with pytest.raises(DeployError, match='--quantize int8 --calib_images'):
+        runtimes.create_runner(deploy, 'onnxruntime', int8=True)
+
+
+@needs_tools
+@pytest.mark.parametrize('options, message', [
+    (dict(quantize='int8', calib_images='CALIB'), 'add --psa_impl paddle --onnx'),
+    (dict(quantize='int4', psa_impl='paddle', onnx=True, calib_images='CALIB'),
+     '--quantize must be int8'),
+    (dict(quantize='int8', psa_impl='paddle', onnx=True, calib_images='no/such/folder'),
+     '--calib_images no/such/folder does not exist'),
+    (dict(quantize='int8', psa_impl='paddle', onnx=True, calib_images='CALIB', calib_num=0),
+     '--calib_num must be >= 1'),
+])
+def test_bad_quantize_options_are_refused_before_any_work(tmp_path, options, message):
+    calib = str(tmp_path / 'calib')
+    _write_images(calib, 1, seed=0)
+    options = {k: calib if v == 'CALIB' else v for k, v in options.items()}
+    with pytest.raises(ConfigError, match=message):
+        ExportOptions(**options)
+
+
+def test_missing_quantiser_packages_are_named(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, 'find_spec',
+                        lambda name: None if name == 'ml_dtypes' else real(name))
+    with pytest.raises(ConfigError, match='needs ml_dtypes, not installed: pip install'):
+        quantize.check_quantize_tools()
+
+
+@needs_tools
+def test_the_export_check_compares_the_int8_model_with_dygraph(export):
+    from engine_helpers import dygraph_logits
+    from psanet.export import compare_with_dygraph
+    save_dir, images = export
+    model = mini_psanet_for_eval(seed=1)  # the fixture's weights again
+    result = compare_with_dygraph(model, save_dir, images, backend='onnxruntime', int8=True)
+    labels = Segmenter.from_export(save_dir, backend='onnxruntime', int8=True)(images)
+    want = np.mean([(label == dygraph_logits(model, path).argmax(0)).mean()
+                    for label, path in zip(labels, images)])
+    assert result['pixel_agreement'] == pytest.approx(want)
+    assert 0.9 < result['pixel_agreement'] < 1.0
