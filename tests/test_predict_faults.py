@@ -222,7 +222,7 @@ def test_an_allocation_failure_in_the_op_names_its_size(monkeypatch):
     with pytest.raises(MemoryError, match=re.escape(f'{shape} float32 needs {size}')) as caught:
         psa_mask(x, 'collect', (3, 5), impl='custom')
     assert 'Fail to alloc memory' in str(caught.value) and 'smaller inputs' in str(caught.value)
-    monkeypatch.setattr(paddle, 'gather', fail)
+    monkeypatch.setattr(paddle, 'index_select', fail)
     with pytest.raises(MemoryError, match=re.escape(f'{shape} float32 needs {size}')):
         psa_mask(x, 'distribute', (3, 5), impl='paddle')
 
