@@ -85,7 +85,7 @@ that need it; the check that turns it off; where it lives.
    before 3.1.1, only the generic ``Place`` a tensor reports; the default device
    (``_current_expected_place()``) is such a class. It is wrapped in a generic
    ``Place``. None filed. Paddle 3.0 (3.1.0 not tried). ``PLACE_KIND.needed()``.
-   ``current_place``.
+   ``generic_place``, used by psanet/core/inference.py.
 16. ``paddle.jit.save`` of a Layer wrapping another replaces the inner Layer's
    ``forward`` with a ``WeakMethod`` on 3.0.0, so a second export of the same
    model fails ("'WeakMethod' object has no attribute '__name__'"). The inner
@@ -147,7 +147,7 @@ __all__ = ['Workaround', 'MEMORY_OPTIM', 'ONEDNN_PLACEMENT', 'PADDLESEG_CROSS_EN
            'shut_down_loader', 'require_paddleseg', 'PADDLESEG_INSTALL',
            'cityscapes_evaluator_fix', 'CONST_CONTIGUOUS', 'GATHER_AXIS_GRADIENT',
            'AMP_STATE_API', 'PLACE_KIND', 'JIT_SAVE_FORWARD', 'autocast_dtype',
-           'current_place', 'keep_forward', 'PARAMETERLESS_PROGRAM', 'CPU_TENSOR_STREAM']
+           'generic_place', 'keep_forward', 'PARAMETERLESS_PROGRAM', 'CPU_TENSOR_STREAM']
 
 _ISSUES = 'https://github.com/PaddlePaddle/{}/issues/{}'
 
@@ -212,10 +212,10 @@ def autocast_dtype():
     return state._amp_dtype
 
 
-def current_place():
-    """The default device as a generic ``paddle.base.core.Place`` (15), which has
-    ``is_gpu_place()``, ``is_cpu_place()`` and ``gpu_device_id()``."""
-    place = paddle.framework._current_expected_place()
+def generic_place(place=None):
+    """``place`` (default: the default device) as a generic ``paddle.base.core.Place`` (15),
+    which has ``is_gpu_place()``, ``is_cpu_place()`` and ``gpu_device_id()``."""
+    place = place if place is not None else paddle.framework._current_expected_place()
     if not PLACE_KIND.needed() or hasattr(place, 'is_gpu_place'):
         return place
     generic = paddle.base.core.Place()

@@ -10,7 +10,7 @@ import pytest
 from paddleseg.models.losses import CrossEntropyLoss
 from paddleseg.utils import metrics
 
-from conftest import ROOT, run_process
+from conftest import ROOT, autocast_state, run_process
 from predictor_helpers import cpu_config, predict
 import psanet.models  # noqa: F401  (applies the paddleseg fixes, as a config build does)
 from psanet import compat
@@ -260,22 +260,6 @@ def test_gather_gradient_is_wrong_where_its_record_says():
         compat.GATHER_AXIS_GRADIENT.needed(), gather
 
 
-@pytest.fixture
-def amp_state():
-    """Sets the dygraph tracer's autocast level and dtype as amp_guard does (autocast
-    itself does nothing on a CPU), then puts them back."""
-    from paddle.base import core
-    from paddle.base.framework import _dygraph_tracer
-    tracer = _dygraph_tracer()
-    level, dtype = tracer._amp_level, tracer._amp_dtype
-
-    def set_state(on, name='float16'):
-        tracer._amp_level = core.AmpLevel.O1 if on else core.AmpLevel.O0
-        tracer._amp_dtype = name
-    yield set_state
-    tracer._amp_level, tracer._amp_dtype = level, dtype
-
-
 def test_amp_state_api_record_matches_this_paddle():
     """14: fails once paddle.amp has is_autocast_enabled where the record says it has not."""
     has_api = all(hasattr(paddle.amp, name)
@@ -285,15 +269,15 @@ def test_amp_state_api_record_matches_this_paddle():
 
 @pytest.mark.parametrize('on, name', [(False, 'float16'), (True, 'float16'),
                                       (True, 'bfloat16')])
-def test_autocast_dtype_reads_the_state_autocast_set(amp_state, monkeypatch, on, name):
+def test_autocast_dtype_reads_the_state_autocast_set(monkeypatch, on, name):
     """Both ways (the API where it exists, the tracer's state) give the state just set."""
-    amp_state(on, name)
     expected = name if on else None
-    assert compat.autocast_dtype() == expected
-    monkeypatch.setattr(compat, 'AMP_STATE_API', compat.Workaround('test', first=(0,)))
-    assert compat.autocast_dtype() == expected
-    if hasattr(paddle.amp, 'is_autocast_enabled'):
-        assert paddle.amp.is_autocast_enabled() == on
+    with autocast_state(on, name):
+        assert compat.autocast_dtype() == expected
+        monkeypatch.setattr(compat, 'AMP_STATE_API', compat.Workaround('test', first=(0,)))
+        assert compat.autocast_dtype() == expected
+        if hasattr(paddle.amp, 'is_autocast_enabled'):
+            assert paddle.amp.is_autocast_enabled() == on
 
 
 def test_place_kind_record_matches_this_paddle():
@@ -301,12 +285,13 @@ def test_place_kind_record_matches_this_paddle():
     assert hasattr(paddle.CPUPlace(), 'is_gpu_place') == (not compat.PLACE_KIND.needed())
 
 
-def test_current_place_says_what_the_default_device_is(monkeypatch):
+def test_generic_place_says_what_a_place_is(monkeypatch):
     paddle.set_device('cpu')
     for record in (compat.PLACE_KIND, compat.Workaround('test', first=(0,))):
         monkeypatch.setattr(compat, 'PLACE_KIND', record)
-        place = compat.current_place()
-        assert place.is_cpu_place() and not place.is_gpu_place()
+        for place in (compat.generic_place(), compat.generic_place(paddle.CPUPlace()),
+                      compat.generic_place(paddle.zeros([1]).place)):
+            assert place.is_cpu_place() and not place.is_gpu_place()
 
 
 class _Logits(paddle.nn.Layer):
