@@ -87,8 +87,9 @@ that need it; the check that turns it off; where it lives.
    ``Place``. None filed. Paddle 3.0 (3.1.0 not tried). ``PLACE_KIND.needed()``.
    ``generic_place``, used by psanet/core/inference.py.
 16. ``paddle.jit.save`` of a Layer wrapping another replaces the inner Layer's
-   ``forward`` with a ``WeakMethod`` on 3.0.0, so a second export of the same
-   model fails ("'WeakMethod' object has no attribute '__name__'"). The inner
+   ``forward`` with a ``WeakMethod`` on 3.0.0, so a later export of that model
+   itself (``--output_op none``) fails ("'WeakMethod' object has no attribute
+   '__name__'"). The inner
    ``forward`` is put back after the save. None filed (fixed in 3.1). Paddle
    3.0.0. ``JIT_SAVE_FORWARD.needed()``. ``keep_forward``, used by psanet/export.py.
 17. For the tests only: Paddle 3.0.0's predictor cannot open a program without

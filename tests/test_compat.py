@@ -327,15 +327,20 @@ def test_jit_save_replaces_the_inner_forward_where_its_record_says(tmp_path):
 
 
 def test_keep_forward_leaves_the_model_as_it_was(tmp_path):
+    """After a wrapped save, the model runs as before and saves on its own (which fails on
+    3.0.0 with "'WeakMethod' object has no attribute '__name__'" without keep_forward)."""
     model = _Logits()
     model.eval()
     x = paddle.rand([1, 3, 4, 4])
     expected = model(x)[0].numpy()
+    spec = [paddle.static.InputSpec([None, 3, None, None], 'float32', 'x')]
     for n in range(2):
         with compat.keep_forward(model):
-            _save_wrapped(model, str(tmp_path / f'model{n}'))
+            _save_wrapped(model, str(tmp_path / f'wrapped{n}'))
         assert 'forward' not in model.__dict__
         np.testing.assert_array_equal(model(x)[0].numpy(), expected)
+        with compat.keep_forward(model):
+            paddle.jit.save(model, str(tmp_path / f'alone{n}'), input_spec=spec)
 
 
 class _Double(paddle.nn.Layer):
