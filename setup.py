@@ -50,6 +50,9 @@ setup(
     # requirements.txt: what psanet and paddleseg 2.8.0 import. paddleseg itself is not
     # listed, as its declared opencv-python<=4.6 pin forces numpy<2: install it with
     # `pip install --no-deps -r requirements-paddleseg.txt` (README, Install).
+    # Paddle (paddlepaddle>=3.0, or paddlepaddle-gpu>=3.0 from Paddle's index; tested 3.0.0
+    # to 3.3.1) is not listed either: the build imports it, so it is installed first, and
+    # pip would put the CPU package beside the GPU one. `import psanet` checks the range.
     install_requires=_requirements('requirements.txt'),
     cmdclass={'build_py': BuildPyWithOp},
     distclass=BinaryDistribution,

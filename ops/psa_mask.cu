@@ -6,7 +6,8 @@
 std::vector<paddle::Tensor> psa_mask_cuda_forward(const paddle::Tensor& x, int psa_type,
                                                   int mask_h, int mask_w) {
   const auto g = psa_mask::geometry_of(x, mask_h, mask_w);
-  const auto input = x.contiguous();
+  // A copy (shared storage): contiguous() is const only from Paddle 3.1.1 (psanet/compat.py, 12).
+  const auto input = paddle::Tensor(x).contiguous();
   auto y = psa_mask::empty_y(g, x);
   PD_DISPATCH_FLOATING_AND_HALF_TYPES(x.type(), "psa_mask_cuda_forward", ([&] {
     const cudaError_t status = psa_mask::launch_psa_mask_forward<data_t>(
@@ -20,7 +21,7 @@ std::vector<paddle::Tensor> psa_mask_cuda_forward(const paddle::Tensor& x, int p
 std::vector<paddle::Tensor> psa_mask_cuda_backward(const paddle::Tensor& grad_y,
                                                    int psa_type, int mask_h, int mask_w) {
   const auto g = psa_mask::geometry_of(grad_y, mask_h, mask_w);
-  const auto grad_out = grad_y.contiguous();
+  const auto grad_out = paddle::Tensor(grad_y).contiguous();  // as above
   auto grad_x = psa_mask::empty_grad_x(g, grad_y);
   PD_DISPATCH_FLOATING_AND_HALF_TYPES(grad_y.type(), "psa_mask_cuda_backward", ([&] {
     const cudaError_t status = psa_mask::launch_psa_mask_backward<data_t>(

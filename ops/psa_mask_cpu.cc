@@ -265,7 +265,8 @@ void psa_mask_backward_cpu(const T* grad_y, T* grad_x, const psa_mask::Geometry&
 std::vector<paddle::Tensor> psa_mask_cpu_forward(const paddle::Tensor& x, int psa_type,
                                                  int mask_h, int mask_w) {
   const auto g = psa_mask::geometry_of(x, mask_h, mask_w);
-  const auto input = x.contiguous();
+  // A copy (shared storage): contiguous() is const only from Paddle 3.1.1 (psanet/compat.py, 12).
+  const auto input = paddle::Tensor(x).contiguous();
   auto y = psa_mask::empty_y(g, x);
   if (x.dtype() == phi::DataType::FLOAT32) {
     psa_mask_forward_cpu<float>(input.data<float>(), y.data<float>(), g, psa_type);
@@ -278,7 +279,7 @@ std::vector<paddle::Tensor> psa_mask_cpu_forward(const paddle::Tensor& x, int ps
 std::vector<paddle::Tensor> psa_mask_cpu_backward(const paddle::Tensor& grad_y,
                                                   int psa_type, int mask_h, int mask_w) {
   const auto g = psa_mask::geometry_of(grad_y, mask_h, mask_w);
-  const auto grad_out = grad_y.contiguous();
+  const auto grad_out = paddle::Tensor(grad_y).contiguous();  // as above
   auto grad_x = psa_mask::empty_grad_x(g, grad_y);
   if (grad_y.dtype() == phi::DataType::FLOAT32) {
     psa_mask_backward_cpu<float>(grad_out.data<float>(), grad_x.data<float>(), g,

@@ -14,11 +14,13 @@ that need it; the check that turns it off; where it lives.
    find predictor_id 0 and pass_name memory_optimize_pass"). Left off.
    Paddle #75496, open. Paddle >= 3.0. ``MEMORY_OPTIM.needed()``; where not
    needed, memory reuse is turned on. ``configure_inference``.
-3. With oneDNN on, a saved ``bilinear_interp`` cannot run as a oneDNN kernel
-   ("ConvertPirAttribute2RuntimeAttribute not support
-   ArrayAttribute<DoubleAttribute>"). ``onednn_placement_pass`` is deleted:
-   the fused convolution passes still run in oneDNN, the other ops take their
-   plain kernels. Paddle #79749, open. Paddle >= 3.0 (reported on 3.3.1).
+3. With oneDNN on, a saved ``bilinear_interp`` cannot run as a oneDNN kernel:
+   Paddle 3.3 refuses it ("ConvertPirAttribute2RuntimeAttribute not support
+   ArrayAttribute<DoubleAttribute>"), 3.0 to 3.2 run it ignoring
+   ``align_corners=True``, a silently wrong output (logits off by 8 in the mini
+   PSANet). ``onednn_placement_pass`` is deleted: the fused convolution passes
+   still run in oneDNN, the other ops take their plain kernels. Paddle #79749,
+   open. Paddle >= 3.0 (3.0.0, 3.1.1, 3.2.2 and 3.3.1 measured).
    ``ONEDNN_PLACEMENT.needed()``. ``configure_inference``.
 4. The CPU predictor with oneDNN hands a custom op its input in oneDNN's
    blocked layout, with no reorder in front as for built-in ops. The op
@@ -64,9 +66,49 @@ that need it; the check that turns it off; where it lives.
    cityscapesScripts <= 2.3.0. Check: numpy has no ``in1d``.
    ``cityscapes_evaluator_fix``; tests/test_cityscapes_evaluator.py fails once
    cityscapesScripts stops calling it.
+12. ``paddle::Tensor::contiguous()`` is not ``const`` before 3.1.1, so the op's
+   kernels, which take their inputs as ``const Tensor&``, did not compile. They
+   call it on a copy (``paddle::Tensor(x)``, which shares the storage), which
+   builds everywhere. None filed (the declaration changed in 3.1.1). Paddle 3.0.0
+   to 3.1.0. ``CONST_CONTIGUOUS``, for the test only. ops/psa_mask_cpu.cc,
+   ops/psa_mask.cu.
+13. The backward of ``paddle.gather(x, index, axis=1)`` is wrong for every row
+   of ``x`` after the first (each gets the first row's gradient). The pure-Paddle
+   op gathers with ``paddle.index_select``, exact everywhere and exported to ONNX
+   alike. None filed (right from 3.1.0). Paddle 3.0.0. ``GATHER_AXIS_GRADIENT``,
+   for the test only. psanet/ops/psa_mask.py.
+14. ``paddle.amp.is_autocast_enabled`` / ``get_autocast_dtype`` arrive in 3.2.0.
+   Before, the dygraph tracer's ``_amp_level`` and ``_amp_dtype`` (the static
+   program's ``core._get_amp_attrs()``) say the same, which is what the API
+   reads. Paddle 3.0 to 3.1. ``AMP_STATE_API.needed()``. ``autocast_dtype``.
+15. The place classes (``CPUPlace``, ``CUDAPlace``) have no ``is_gpu_place``
+   before 3.1.1, only the generic ``Place`` a tensor reports; the default device
+   (``_current_expected_place()``) is such a class. It is wrapped in a generic
+   ``Place``. None filed. Paddle 3.0 (3.1.0 not tried). ``PLACE_KIND.needed()``.
+   ``generic_place``, used by psanet/core/inference.py.
+16. ``paddle.jit.save`` of a Layer wrapping another replaces the inner Layer's
+   ``forward`` with a ``WeakMethod`` on 3.0.0, so a later export of that model
+   itself (``--output_op none``) fails ("'WeakMethod' object has no attribute
+   '__name__'"). The inner
+   ``forward`` is put back after the save. None filed (fixed in 3.1). Paddle
+   3.0.0. ``JIT_SAVE_FORWARD.needed()``. ``keep_forward``, used by psanet/export.py.
+17. For the tests only: Paddle 3.0.0's predictor cannot open a program without
+   parameters (it looks for the ``.pdiparams`` that ``paddle.jit.save`` writes
+   only when there are some). The tests' parameterless programs multiply by a
+   parameter of 1. None filed. Paddle 3.0.0 (3.1.1 runs it). ``PARAMETERLESS_PROGRAM``;
+   tests/test_psa_mask_export.py, tests/test_psa_mask_threads.py.
+18. For the tests only: the CPU build of Paddle 3.0.0 does not export
+   ``paddle::Tensor::stream()``, which the CUDA launchers call, so the op library
+   with CUDA kernels built against it does not load there (paddlepaddle-gpu
+   exports it). tests/test_psa_mask_build.py skips loading it. None filed.
+   Paddle 3.0 CPU builds (3.1.1 exports it). ``CPU_TENSOR_STREAM``.
 
 Issues: https://github.com/PaddlePaddle/Paddle/issues/<n> and
 https://github.com/PaddlePaddle/PaddleSeg/issues/<n>.
+
+Below Paddle 3.0 ``import psanet`` stops with one line saying what to install
+(psanet/__init__.py), before anything imports Paddle: Paddle 2.6's libpaddle.so
+exports its own zlib, and numpy, scipy and OpenCV crash or misread PNGs after it.
 
 Importing this module filters the warning (1); ``import psanet.models`` (which
 the engine's config building does) says in one line what to install when
@@ -80,12 +122,15 @@ version) and nothing of ours, and paddleseg only in ``require_paddleseg`` and
 
 To retire a workaround once upstream fixes it, set ``fixed`` of its record to
 the first good version (its check then turns it off there), and delete it
-when no supported version needs it. tests/test_compat.py has, for 2, 3, 8
-and 9, a test that fails as soon as this Paddle no longer needs it.
+when no supported version needs it. tests/test_compat.py has, for 2, 3, 8,
+9 and 12 to 18, a test that fails as soon as this Paddle no longer needs it
+(or needs it where its record says not). The gates were set from runs on
+Paddle 3.0.0, 3.1.1, 3.2.2 and 3.3.1.
 
 paddleseg.core (train / evaluate / predict) is not patched: the project has
 its own engine in psanet.core that only reuses paddleseg's components.
 """
+import contextlib
 import re
 import warnings
 from typing import NamedTuple, Optional, Tuple
@@ -101,7 +146,9 @@ __all__ = ['Workaround', 'MEMORY_OPTIM', 'ONEDNN_PLACEMENT', 'PADDLESEG_CROSS_EN
            'PADDLESEG_CALCULATE_AREA', 'configure_inference', 'apply_paddleseg_fixes',
            'cross_entropy_post_process_loss', 'calculate_area', 'FIXES', 'ORIGINALS',
            'shut_down_loader', 'require_paddleseg', 'PADDLESEG_INSTALL',
-           'cityscapes_evaluator_fix']
+           'cityscapes_evaluator_fix', 'CONST_CONTIGUOUS', 'GATHER_AXIS_GRADIENT',
+           'AMP_STATE_API', 'PLACE_KIND', 'JIT_SAVE_FORWARD', 'autocast_dtype',
+           'generic_place', 'keep_forward', 'PARAMETERLESS_PROGRAM', 'CPU_TENSOR_STREAM']
 
 _ISSUES = 'https://github.com/PaddlePaddle/{}/issues/{}'
 
@@ -140,9 +187,60 @@ class Workaround(NamedTuple):
 MEMORY_OPTIM = Workaround(_ISSUES.format('Paddle', 75496), first=(3, 0))
 ONEDNN_PLACEMENT = Workaround(_ISSUES.format('Paddle', 79749), first=(3, 0))
 ONEDNN_PLACEMENT_PASS = 'onednn_placement_pass'
+CONST_CONTIGUOUS = Workaround('none filed', first=(3, 0), fixed=(3, 1, 1))
+GATHER_AXIS_GRADIENT = Workaround('none filed', first=(3, 0), fixed=(3, 1))
+AMP_STATE_API = Workaround('none filed', first=(3, 0), fixed=(3, 2))
+PLACE_KIND = Workaround('none filed', first=(3, 0), fixed=(3, 1, 1))
+JIT_SAVE_FORWARD = Workaround('none filed', first=(3, 0), fixed=(3, 1))
+PARAMETERLESS_PROGRAM = Workaround('none filed', first=(3, 0), fixed=(3, 1))
+CPU_TENSOR_STREAM = Workaround('none filed', first=(3, 0), fixed=(3, 1))
 PADDLESEG_CROSS_ENTROPY = Workaround('none filed', first=(3, 0), paddleseg=(2, 8, 0))
 PADDLESEG_CALCULATE_AREA = Workaround(_ISSUES.format('PaddleSeg', 3556), first=(2, 6),
                                       paddleseg=(2, 8, 0))
+
+
+# ----------------------------------------------------------------- dygraph state
+
+def autocast_dtype():
+    """The dtype name autocast computes in ('float16', 'bfloat16'), or None when it is off (14)."""
+    if not AMP_STATE_API.needed():
+        return paddle.amp.get_autocast_dtype() if paddle.amp.is_autocast_enabled() else None
+    from paddle.base import core
+    from paddle.base.framework import _dygraph_tracer
+    state = _dygraph_tracer() if paddle.in_dynamic_mode() else core._get_amp_attrs()
+    if state is None or state._amp_level == core.AmpLevel.O0:
+        return None
+    return state._amp_dtype
+
+
+def generic_place(place=None):
+    """``place`` (default: the default device) as a generic ``paddle.base.core.Place`` (15),
+    which has ``is_gpu_place()``, ``is_cpu_place()`` and ``gpu_device_id()``."""
+    place = place if place is not None else paddle.framework._current_expected_place()
+    if not PLACE_KIND.needed() or hasattr(place, 'is_gpu_place'):
+        return place
+    generic = paddle.base.core.Place()
+    generic.set_place(place)
+    return generic
+
+
+@contextlib.contextmanager
+def keep_forward(layer):
+    """Puts ``layer.forward`` back as it was after a ``paddle.jit.save`` in the block (16).
+
+    Args:
+        layer (paddle.nn.Layer): the Layer a saved wrapper calls.
+    """
+    missing = object()
+    before = layer.__dict__.get('forward', missing)
+    try:
+        yield layer
+    finally:
+        if JIT_SAVE_FORWARD.needed():
+            if before is missing:
+                layer.__dict__.pop('forward', None)
+            else:
+                layer.__dict__['forward'] = before
 
 
 # ----------------------------------------------------------------- data loading

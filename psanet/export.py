@@ -17,6 +17,7 @@ import yaml
 from paddleseg.deploy.export import WrappedModel
 
 from psanet import interrupts
+from psanet.compat import keep_forward
 from psanet.contract import (DEFAULT_TRANSFORMS, DEPLOY_FILE, DEPLOY_SECTION, DYNAMIC_INPUT_SHAPE,
                              INPUT_NAME, ONNX_FILE, OUTPUT_OPS, PALETTES, PARAMS_FILE,
                              PROGRAM_FILE, check_save_dir, get_image_list, palette_for,
@@ -208,7 +209,7 @@ def _write_export(model, val_transforms, save_dir, options, num_classes):
     spec = [paddle.static.InputSpec([None if s < 0 else s for s in options.input_shape],
                                     'float32', INPUT_NAME)]
     try:
-        with use_psa_impl(options.psa_impl):
+        with use_psa_impl(options.psa_impl), keep_forward(model):
             # paddle.jit.save names its files <prefix>.json and <prefix>.pdiparams.
             paddle.jit.save(wrapped, os.path.join(save_dir, os.path.splitext(PROGRAM_FILE)[0]),
                             input_spec=spec)

@@ -116,6 +116,22 @@ def pytest_collection_modifyitems(config, items):
 FLOAT32_EPS = float(np.finfo(np.float32).eps)  # 1.19e-7
 
 
+@contextlib.contextmanager
+def autocast_state(on, dtype='float16'):
+    """The dygraph tracer's autocast level and dtype set as amp_guard sets them (autocast
+    itself does nothing on a CPU), put back after the block."""
+    from paddle.base import core
+    from paddle.base.framework import _dygraph_tracer
+    tracer = _dygraph_tracer()
+    saved = tracer._amp_level, tracer._amp_dtype
+    tracer._amp_level = core.AmpLevel.O1 if on else core.AmpLevel.O0
+    tracer._amp_dtype = dtype
+    try:
+        yield
+    finally:
+        tracer._amp_level, tracer._amp_dtype = saved
+
+
 def reordered_sum_rtol(reduction_length):
     """Tolerance, relative to the largest output, for float32 results whose sums another
     backend adds in another order.

@@ -412,6 +412,10 @@ def test_val_save_dir_draws_the_numbers_it_prints(tmp_path, mini_cityscapes, mon
     weights = str(tmp_path / 'model.pdparams')
     paddle.save(mini_psanet_for_eval(seed=2).state_dict(), weights)
     save_dir = tmp_path / 'results'
+    # The psanet logger stops propagating once a run has set it up: caplog's handler goes
+    # on it (in a full run on Python 3.9 and pytest 8.4, caplog saw nothing otherwise).
+    from psanet.log import get_logger
+    monkeypatch.setattr(get_logger(), 'handlers', get_logger().handlers + [caplog.handler])
     with caplog.at_level('INFO', logger='psanet'):
         result = evaluate_from_config(MINI_CONFIG, weights, device='cpu', save_dir=str(save_dir),
                                       opts=[f'val_dataset.dataset_root={mini_cityscapes}'])

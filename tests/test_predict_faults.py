@@ -15,7 +15,7 @@ import yaml
 from paddleseg.models.backbones import ResNet18_vd
 from PIL import Image
 
-from conftest import MINI_CONFIG, MINI_PSANET_RTOL, ROOT, run_process
+from conftest import MINI_CONFIG, MINI_PSANET_RTOL, ROOT, autocast_state, run_process
 from disk_helpers import digests
 from engine_helpers import assert_saved_masks_agree, mini_psanet_for_eval
 from psanet.cli import run_cli
@@ -99,12 +99,12 @@ def test_estimate_follows_stride_shrink_and_branches():
     assert model.attention_memory(100, 131)['map_bytes'] == seen[0][1]
 
 
-def test_estimate_under_fp16_autocast_counts_the_float32_softmax(mini, monkeypatch):
-    # CPU Paddle has no fp16 autocast: pretend it is on, as on a GPU. softmax is on Paddle's
-    # fp16 black list, so the half map, its float32 copy and the float32 softmax coexist.
-    monkeypatch.setattr(infer.paddle.amp, 'is_autocast_enabled', lambda: True)
-    monkeypatch.setattr(infer.paddle.amp, 'get_autocast_dtype', lambda: 'float16')
-    estimate = mini[0].attention_memory(67, 90)
+def test_estimate_under_fp16_autocast_counts_the_float32_softmax(mini):
+    # CPU Paddle has no fp16 autocast: set its state as amp_guard does on a GPU. softmax is
+    # on Paddle's fp16 black list, so the half map, its float32 copy and the float32
+    # softmax coexist.
+    with autocast_state(True, 'float16'):
+        estimate = mini[0].attention_memory(67, 90)
     elements = math.prod(expected_attention(67, 90, 8, MINI_MODEL['shrink_factor']))
     assert estimate['dtype'] == 'float16' and estimate['map_bytes'] == 2 * elements
     assert estimate['peak_bytes'] == (2 + 4 + 4) * elements
@@ -225,7 +225,7 @@ def test_an_allocation_failure_in_the_op_names_its_size(monkeypatch):
     with pytest.raises(MemoryError, match=re.escape(f'{shape} float32 needs {size}')) as caught:
         psa_mask(x, 'collect', (3, 5), impl='custom')
     assert 'Fail to alloc memory' in str(caught.value) and 'smaller inputs' in str(caught.value)
-    monkeypatch.setattr(paddle, 'gather', fail)
+    monkeypatch.setattr(paddle, 'index_select', fail)
     with pytest.raises(MemoryError, match=re.escape(f'{shape} float32 needs {size}')):
         psa_mask(x, 'distribute', (3, 5), impl='paddle')
 

@@ -45,10 +45,17 @@ class AttentionBlock(paddle.nn.Layer):
 
 
 class RawPSAMask(paddle.nn.Layer):
-    """psa_mask straight on the input, channels left dynamic: errors reach the kernel."""
+    """psa_mask straight on the input, channels left dynamic: errors reach the kernel.
+    Times a parameter of 1: Paddle 3.0.0's predictor needs a parameter file
+    (psanet/compat.py, 17)."""
+
+    def __init__(self):
+        super().__init__()
+        self.one = self.create_parameter(
+            [1], default_initializer=paddle.nn.initializer.Constant(1.0))
 
     def forward(self, x):
-        return psa_mask(x, 'distribute', 3, impl='custom')
+        return psa_mask(x, 'distribute', 3, impl='custom') * self.one
 
 
 def save(layer, path, channels=CHANNELS):

@@ -102,8 +102,16 @@ def test_a_new_process_takes_omp_num_threads_else_one(omp_num_threads, expected)
 
 
 class RawPSAMask(paddle.nn.Layer):
+    """Times a parameter of 1: Paddle 3.0.0's predictor needs a parameter file
+    (psanet/compat.py, 17)."""
+
+    def __init__(self):
+        super().__init__()
+        self.one = self.create_parameter(
+            [1], default_initializer=paddle.nn.initializer.Constant(1.0))
+
     def forward(self, x):
-        return psa_mask(x, 'collect', MASK, impl='custom')
+        return psa_mask(x, 'collect', MASK, impl='custom') * self.one
 
 
 @pytest.fixture(scope='module')

@@ -14,6 +14,7 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
+from psanet.compat import generic_place
 from psanet.core.options import InferenceOptions, check_slide_args
 from psanet.errors import InferenceMemoryError
 
@@ -251,7 +252,7 @@ def available_memory(place=None):
     Args:
         place (paddle.Place, optional): Default: the current device.
     """
-    place = place if place is not None else paddle.framework._current_expected_place()
+    place = generic_place(place)
     if place.is_gpu_place():
         core = paddle.base.core
         if not hasattr(core, 'gpu_memory_available'):

@@ -17,6 +17,7 @@ from paddleseg.cvlibs import manager
 from paddleseg.models import layers
 from paddleseg.utils import logger, utils
 
+from psanet.compat import autocast_dtype
 from psanet.errors import ArgumentError, CheckpointError, ConfigError
 from psanet.models.reproduction import convert_reproduction_state, is_reproduction_state
 from psanet.ops import BI_DIRECTIONAL, COLLECT, DISTRIBUTE, PSA_TYPE_NAMES, PSAMask
@@ -353,8 +354,7 @@ class PSABranch(nn.Layer):
         softmax is on Paddle's fp16 black list: under autocast a half map is cast
         to a float32 copy and softmaxed into another float32 tensor, all alive at once.
         """
-        dtype = (paddle.amp.get_autocast_dtype() if paddle.amp.is_autocast_enabled()
-                 else self.attention[-1].weight.dtype)
+        dtype = autocast_dtype() or self.attention[-1].weight.dtype
         if isinstance(dtype, str):
             dtype = getattr(paddle, dtype)
         elements = math.prod(shape)
