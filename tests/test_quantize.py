@@ -17,10 +17,13 @@ from psanet.export import ExportOptions, export_model
 
 MISSING = [name for name in ('paddle2onnx', 'onnxruntime', 'onnx', 'ml_dtypes')
            if importlib.util.find_spec(name) is None]
+TOO_OLD = None if MISSING else quantize.quantiser_too_old()
 needs_tools = pytest.mark.skipif(
-    bool(MISSING), reason=f'INT8 quantisation needs {", ".join(MISSING)}, not installed '
-                          f'(pip install {" ".join(MISSING)}; paddle2onnx has no Python 3.13 '
-                          'wheels yet)')
+    bool(MISSING) or bool(TOO_OLD),
+    reason=(f'INT8 quantisation needs {", ".join(MISSING)}, not installed (pip install '
+            f'{" ".join(MISSING)}; paddle2onnx has no Python 3.13 wheels)') if MISSING else
+    f'INT8 quantisation needs onnxruntime>=1.32, which has no wheels for this Python '
+    f'({TOO_OLD} here)')
 
 
 def _write_images(folder, count, seed):
@@ -163,6 +166,23 @@ def test_missing_quantiser_packages_are_named(monkeypatch):
     monkeypatch.setattr(importlib.util, 'find_spec',
                         lambda name: None if name == 'ml_dtypes' else real(name))
     with pytest.raises(ConfigError, match='needs ml_dtypes, not installed: pip install'):
+        quantize.check_quantize_tools()
+
+
+@pytest.mark.skipif(bool(MISSING), reason=f'needs {", ".join(MISSING)}')
+@pytest.mark.parametrize('version, refused', [('1.19.2', True), ('1.23.2', True),
+                                              ('1.32.0', False), ('2.0.1', False)])
+def test_an_onnxruntime_older_than_the_tested_quantiser_is_refused(monkeypatch, version,
+                                                                    refused):
+    from importlib import metadata
+    real = metadata.version
+    monkeypatch.setattr(metadata, 'version',
+                        lambda name: version if name == 'onnxruntime' else real(name))
+    if refused:
+        with pytest.raises(ConfigError, match=f'needs onnxruntime>=1.32 .*found onnxruntime '
+                                              f'{version}: pip install -U onnxruntime'):
+            quantize.check_quantize_tools()
+    else:
         quantize.check_quantize_tools()
 
 

@@ -12,6 +12,7 @@ Why this path and its figures: docs/deploy.md ("INT8 on the CPU").
 """
 import importlib.util
 import os
+import re
 
 import yaml
 
@@ -28,6 +29,20 @@ __all__ = ['INT8_FILE', 'QUANTIZED_OPS', 'QUANTIZE_INSTALL', 'check_quantize_too
 INT8_FILE = 'model_int8.onnx'
 QUANTIZED_OPS = ('Conv',)
 QUANTIZE_INSTALL = 'pip install onnxruntime onnx ml_dtypes'
+MIN_ONNXRUNTIME = (1, 32)  # the quantiser tested here
+
+
+def quantiser_too_old():
+    """'onnxruntime <version>' when the installed onnxruntime is older than the quantiser
+    tested here, else None: 1.19 cannot calibrate PSANet's graph ("Only an existing tensor
+    can be modified"), and 1.23's INT8 model gave different pixels in two sessions."""
+    from importlib import metadata
+    try:
+        version = metadata.version('onnxruntime')
+    except metadata.PackageNotFoundError:
+        return None
+    numbers = tuple(int(n) for n in re.findall(r'\d+', version)[:2])
+    return f'onnxruntime {version}' if numbers < MIN_ONNXRUNTIME else None
 
 
 def check_quantize_tools():
@@ -37,6 +52,11 @@ def check_quantize_tools():
     if missing:
         raise ConfigError(f'--quantize int8 needs {", ".join(missing)}, not installed: '
                           f'{QUANTIZE_INSTALL}')
+    old = quantiser_too_old()
+    if old is not None:
+        raise ConfigError(f'--quantize int8 needs onnxruntime>='
+                          f'{".".join(map(str, MIN_ONNXRUNTIME))} (Python 3.11 or newer), '
+                          f'found {old}: pip install -U onnxruntime')
 
 
 def check_calib_images(calib_images, calib_num):
