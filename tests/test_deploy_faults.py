@@ -243,9 +243,12 @@ def test_bad_deploy_yaml_values_are_one_line(exported, tmp_path, capfd):
     assert not (tmp_path / 'out').exists()
 
 
-def test_more_cpu_threads_than_cores_are_cut_to_the_cores(caplog):
+def test_more_cpu_threads_than_cores_are_cut_to_the_cores(caplog, monkeypatch):
     from psanet.deploy.predictor import PredictorOptions
+    from psanet.log import get_logger
     cores = len(os.sched_getaffinity(0))
+    # The psanet logger stops propagating once a run has set it up: caplog's handler goes on it.
+    monkeypatch.setattr(get_logger(), 'handlers', get_logger().handlers + [caplog.handler])
     with caplog.at_level('WARNING', logger='psanet'):
         options = PredictorOptions(cpu_threads=4096)
     assert options.cpu_threads == cores

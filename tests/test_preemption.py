@@ -190,6 +190,8 @@ def _trial(work, number, case, step, delay, rng, config):
     return result, out
 
 
+GLOG_LINE = re.compile(r'[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] ')
+
 def _check_trial(result, out, save_dir):
     """What is wrong with how a trial ended; appends to result['problems']."""
     problems = result['problems']
@@ -202,7 +204,8 @@ def _check_trial(result, out, save_dir):
     stops = []
     for rank in (0, 1):
         log = _read(os.path.join(out, 'log', f'workerlog.{rank}'))
-        lines = [line for line in log.splitlines() if line.strip()]
+        # Paddle 3.0's C++ side logs its store's shutdown (glog) after the error line.
+        lines = [line for line in log.splitlines() if line.strip() and not GLOG_LINE.match(line)]
         found = re.search(r'^error: training stopped by SIGTERM after iteration (\d+); its '
                           r'checkpoint is (\S+)$', lines[-1] if lines else '')
         if not found or 'Traceback' in log:
