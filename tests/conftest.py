@@ -307,3 +307,18 @@ def tipc_lite_data():
                          stderr=subprocess.STDOUT, text=True, timeout=600)
     assert result.returncode == 0, result.stdout
     return result.stdout
+
+
+def onnx_tools_missing():
+    """Why the ONNX tests cannot run here, or '' when they can."""
+    missing = [name for name in ('paddle2onnx', 'onnxruntime')
+               if importlib.util.find_spec(name) is None]
+    if not missing:
+        return ''
+    why = ('requirements-dev.txt leaves them out on Python 3.13: paddle2onnx 2.1.0 has no '
+           'wheels for it' if sys.version_info >= (3, 13) else
+           'pip install -r requirements-dev.txt installs them on this Python')
+    return f'{" and ".join(missing)} not installed ({why})'
+
+
+needs_onnx = pytest.mark.skipif(bool(onnx_tools_missing()), reason=onnx_tools_missing())

@@ -16,7 +16,7 @@ import psanet.models  # noqa: F401  (registers PSANet)
 from psanet.deploy.config import DeployConfig, graph_holds_custom_op
 from psanet.deploy.predictor import OnnxRunner, PaddleRunner, PredictorOptions
 from psanet.errors import DeployError
-from conftest import (MINI_CONFIG, MINI_PSANET_RTOL, ROOT, assert_logits_agree,
+from conftest import (MINI_CONFIG, MINI_PSANET_RTOL, ROOT, assert_logits_agree, needs_onnx,
                       clear_margin_pixels, run_process)
 from engine_helpers import build_config_model
 from psanet.export import ExportOptions, export_model, parse_input_shape
@@ -29,19 +29,6 @@ RTOL = MINI_PSANET_RTOL
 SHAPES = [(1, 3, 64, 128), (2, 3, 80, 96)]
 
 
-def _onnx_tools_missing():
-    """Why the ONNX tests cannot run here, or '' when they can."""
-    missing = [name for name in ('paddle2onnx', 'onnxruntime')
-               if importlib.util.find_spec(name) is None]
-    if not missing:
-        return ''
-    why = ('requirements-dev.txt leaves them out on Python 3.13: paddle2onnx 2.1.0 has no '
-           'wheels for it' if sys.version_info >= (3, 13) else
-           'pip install -r requirements-dev.txt installs them on this Python')
-    return f'{" and ".join(missing)} not installed ({why})'
-
-
-needs_onnx = pytest.mark.skipif(bool(_onnx_tools_missing()), reason=_onnx_tools_missing())
 
 
 def build_mini_model():

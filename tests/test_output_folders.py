@@ -13,7 +13,7 @@ import paddle
 import pytest
 import yaml
 
-from conftest import MINI_CONFIG
+from conftest import MINI_CONFIG, needs_onnx
 from engine_helpers import mini_psanet_for_eval
 from psanet import export as export_module
 from psanet.cli import run_cli
@@ -161,6 +161,7 @@ def _users_files(folder):
                                                 'deploy.yaml')}
 
 
+@needs_onnx
 def test_a_re_export_keeps_the_users_files_and_drops_the_old_exports(tmp_path):
     from engine_helpers import TinySegNet
     model = TinySegNet(3)
