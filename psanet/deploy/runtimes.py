@@ -86,6 +86,8 @@ def create_runner(deploy, runtime, options=None, int8=False):
     if runtime == 'openvino' and options.device != 'cpu':
         raise DeployError('the openvino runtime runs on the CPU here; use device="cpu", or '
                           'backend="paddle" on the GPU.')
+    if not installed(runtime):
+        raise _needs_package(runtime, f'backend {runtime!r}')
     path = deploy.onnx_int8 if int8 else deploy.onnx
     if path is None or not os.path.isfile(path):
         fix = ('quantise it: export.py ... --psa_impl paddle --onnx --quantize int8 '
@@ -93,8 +95,6 @@ def create_runner(deploy, runtime, options=None, int8=False):
                'export with `--psa_impl paddle --onnx`')
         raise DeployError(f'{deploy.path} names no {"INT8 " if int8 else ""}'
                           f'ONNX model, which {runtime} runs; {fix}.')
-    if not installed(runtime):
-        raise _needs_package(runtime, f'backend {runtime!r}')
     cls = OnnxRuntimeRunner if runtime == 'onnxruntime' else OpenVinoRunner
     return cls(path, deploy.input_shape, options)
 
