@@ -102,6 +102,12 @@ that need it; the check that turns it off; where it lives.
    with CUDA kernels built against it does not load there (paddlepaddle-gpu
    exports it). tests/test_psa_mask_build.py skips loading it. None filed.
    Paddle 3.0 CPU builds (3.1.1 exports it). ``CPU_TENSOR_STREAM``.
+19. The free memory of a GPU has a public API, ``paddle.cuda.mem_get_info``,
+   from 3.3 (3.3.1 has it, 3.2.2 not; 3.3.0 not tried). Before, the private
+   ``paddle.base.core.gpu_memory_available()`` (GPU builds) says it for the
+   current device. None filed. Paddle 3.0 to 3.2. ``FREE_GPU_MEMORY.needed()``.
+   ``free_gpu_memory``, used by psanet/core/memory.py; tests/test_memory.py
+   checks the record.
 
 Issues: https://github.com/PaddlePaddle/Paddle/issues/<n> and
 https://github.com/PaddlePaddle/PaddleSeg/issues/<n>.
@@ -148,7 +154,8 @@ __all__ = ['Workaround', 'MEMORY_OPTIM', 'ONEDNN_PLACEMENT', 'PADDLESEG_CROSS_EN
            'shut_down_loader', 'require_paddleseg', 'PADDLESEG_INSTALL',
            'cityscapes_evaluator_fix', 'CONST_CONTIGUOUS', 'GATHER_AXIS_GRADIENT',
            'AMP_STATE_API', 'PLACE_KIND', 'JIT_SAVE_FORWARD', 'autocast_dtype',
-           'generic_place', 'keep_forward', 'PARAMETERLESS_PROGRAM', 'CPU_TENSOR_STREAM']
+           'generic_place', 'keep_forward', 'PARAMETERLESS_PROGRAM', 'CPU_TENSOR_STREAM',
+           'FREE_GPU_MEMORY', 'free_gpu_memory']
 
 _ISSUES = 'https://github.com/PaddlePaddle/{}/issues/{}'
 
@@ -194,6 +201,7 @@ PLACE_KIND = Workaround('none filed', first=(3, 0), fixed=(3, 1, 1))
 JIT_SAVE_FORWARD = Workaround('none filed', first=(3, 0), fixed=(3, 1))
 PARAMETERLESS_PROGRAM = Workaround('none filed', first=(3, 0), fixed=(3, 1))
 CPU_TENSOR_STREAM = Workaround('none filed', first=(3, 0), fixed=(3, 1))
+FREE_GPU_MEMORY = Workaround('none filed', first=(3, 0), fixed=(3, 3))
 PADDLESEG_CROSS_ENTROPY = Workaround('none filed', first=(3, 0), paddleseg=(2, 8, 0))
 PADDLESEG_CALCULATE_AREA = Workaround(_ISSUES.format('PaddleSeg', 3556), first=(2, 6),
                                       paddleseg=(2, 8, 0))
@@ -222,6 +230,14 @@ def generic_place(place=None):
     generic = paddle.base.core.Place()
     generic.set_place(place)
     return generic
+
+
+def free_gpu_memory(device):
+    """Bytes free on GPU ``device`` as CUDA reports them (19); Paddle 3.0 to 3.2 read the
+    current device."""
+    if not FREE_GPU_MEMORY.needed():
+        return int(paddle.cuda.mem_get_info(device)[0])
+    return int(paddle.base.core.gpu_memory_available())
 
 
 @contextlib.contextmanager

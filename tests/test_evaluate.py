@@ -393,7 +393,7 @@ def test_val_py_exit_code_on_bad_model_path(tmp_path, mini_cityscapes):
 def test_val_save_dir_draws_the_numbers_it_prints(tmp_path, mini_cityscapes, monkeypatch, caplog):
     """val.py --save_dir: class_iou.png and confusion_matrix.png are drawn from the arrays of
     the result, whose IoU (paddleseg's areas) the confusion matrix (a bincount) gives again."""
-    import psanet.visualize as visualize
+    import psanet.visualize.charts as visualize
     from engine_helpers import mini_psanet_for_eval
     from conftest import MINI_CONFIG
     drawn = {}

@@ -20,6 +20,7 @@ from disk_helpers import digests
 from engine_helpers import assert_saved_masks_agree, mini_psanet_for_eval
 from psanet.cli import run_cli
 from psanet.core import inference as infer
+from psanet.core import memory
 from psanet.core.predict import predict_from_config
 from psanet.core.val import evaluate_from_config
 from psanet.contract import check_outputs, get_image_list
@@ -83,9 +84,9 @@ def test_estimate_equals_the_op_output(mini, batch, height, width):
     seen = op_outputs(model, paddle.zeros([batch, 3, height, width]))
     assert len(seen) == 2  # bi-direction: collect and distribute
     estimate = model.attention_memory(height, width, batch)
-    assert estimate['shapes'] == [shape for shape, _ in seen]
-    assert estimate['map_bytes'] == max(size for _, size in seen)
-    assert estimate['shape'] == expected_attention(height, width, 8, MINI_MODEL['shrink_factor'],
+    assert estimate.shapes == [shape for shape, _ in seen]
+    assert estimate.map_bytes == max(size for _, size in seen)
+    assert estimate.shape == expected_attention(height, width, 8, MINI_MODEL['shrink_factor'],
                                                    batch)
 
 
@@ -96,7 +97,7 @@ def test_estimate_follows_stride_shrink_and_branches():
     model.eval()
     seen = op_outputs(model, paddle.zeros([1, 3, 100, 131]))
     assert [shape for shape, _ in seen] == [expected_attention(100, 131, 16, 3)]
-    assert model.attention_memory(100, 131)['map_bytes'] == seen[0][1]
+    assert model.attention_memory(100, 131).map_bytes == seen[0][1]
 
 
 def test_estimate_under_fp16_autocast_counts_the_float32_softmax(mini):
@@ -106,14 +107,14 @@ def test_estimate_under_fp16_autocast_counts_the_float32_softmax(mini):
     with autocast_state(True, 'float16'):
         estimate = mini[0].attention_memory(67, 90)
     elements = math.prod(expected_attention(67, 90, 8, MINI_MODEL['shrink_factor']))
-    assert estimate['dtype'] == 'float16' and estimate['map_bytes'] == 2 * elements
-    assert estimate['peak_bytes'] == (2 + 4 + 4) * elements
+    assert estimate.dtype == 'float16' and estimate.map_bytes == 2 * elements
+    assert estimate.peak_bytes == (2 + 4 + 4) * elements
 
 
 def test_available_memory_is_the_hosts():
     with open('/proc/meminfo') as f:
         total = int(next(line for line in f if line.startswith('MemTotal:')).split()[1]) * 1024
-    assert 0 < infer.available_memory(paddle.CPUPlace()) <= total
+    assert 0 < memory.available_memory(paddle.CPUPlace()) <= total
 
 
 # --- Refusing an input too large, before the backbone runs ---------------------------------
@@ -131,7 +132,7 @@ def little_memory(monkeypatch):
     large = peak_bytes(expected_attention(192, 256, 8, MINI_MODEL['shrink_factor']))
     available = 2 * small + 1
     assert available < large
-    monkeypatch.setattr(infer, 'available_memory', lambda place=None: available)
+    monkeypatch.setattr(memory, 'available_memory', lambda place=None: available)
     runs = []
     real = infer._main_logit
 
@@ -198,7 +199,7 @@ def test_val_refuses_too_large_images_too(mini, mini_cityscapes, monkeypatch, ca
     _, weights, _ = mini
     shape = expected_attention(32, 64, 8, MINI_MODEL['shrink_factor'])
     available = peak_bytes(shape) - 1
-    monkeypatch.setattr(infer, 'available_memory', lambda place=None: available)
+    monkeypatch.setattr(memory, 'available_memory', lambda place=None: available)
     opts = [f'val_dataset.dataset_root={mini_cityscapes}']
     capsys.readouterr()
     code = run_cli(evaluate_from_config, MINI_CONFIG, weights, device='cpu', opts=opts)

@@ -1,5 +1,5 @@
 """psanet.visualize: the attention maps of a point against the numpy op, the capture leaving
-the model and its export unchanged, the evaluation figures' numbers, and
+the model and its export unchanged, the evaluation charts' numbers, and
 tools/visualize_attention.py end to end."""
 import errno
 import glob
@@ -14,17 +14,19 @@ import pytest
 
 import figure_reading as reading
 import psanet.models  # noqa: F401  (registers PSANet, applies the paddleseg fixes)
-import psanet.visualize as visualize
+import psanet.visualize.attention as attention_module
 from conftest import MINI_CONFIG, ROOT, run_process
 from psa_mask_reference import reference_forward
 from psanet.errors import ConfigError
 from psanet.models import PSANet
 from psanet.ops import psa_impl
 from psanet.core.attention import visualize_attention
-from psanet.visualize import (MapGeometry, branch_map, capture_attention, check_points,
-                              class_names, confusion_matrix_image, iou_bar_chart,
-                              log_evaluation_figures, normalized_confusion, parse_points,
-                              point_maps, write_evaluation_figures, write_png)
+from psanet.visualize.attention import (MapGeometry, branch_map, capture_attention,
+                                        check_points, parse_points, point_maps)
+from psanet.visualize.charts import (class_names, confusion_matrix_image, iou_bar_chart,
+                                     log_evaluation_figures, normalized_confusion,
+                                     write_evaluation_figures)
+from psanet.visualize.drawing import write_png
 
 NUM_CLASSES = 5
 INPUT_HW = (64, 96)         # ResNet18_vd at stride 8: an 8x12 feature,
@@ -189,13 +191,13 @@ def cell_by_hand(x, y, image_hw, resized_hw, input_hw=INPUT_HW):
 @pytest.fixture
 def drawn_cells(monkeypatch):
     """(direction, row, col) of every map the figures draw, in order."""
-    cells, real = [], visualize.branch_map
+    cells, real = [], attention_module.branch_map
 
     def recording(record, row, col, sample=0):
         cells.append((record.psa_type, row, col))
         return real(record, row, col, sample)
 
-    monkeypatch.setattr(visualize, 'branch_map', recording)
+    monkeypatch.setattr(attention_module, 'branch_map', recording)
     return cells
 
 

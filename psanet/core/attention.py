@@ -1,8 +1,8 @@
 """The work of tools/visualize_attention.py: a model's attention at chosen pixels of one image.
 
 The model runs once on the image through the val transforms while
-:func:`psanet.visualize.capture_attention` records each PSA branch's map;
-:func:`psanet.visualize.attention_figures` draws them.
+:func:`psanet.visualize.attention.capture_attention` records each PSA branch's
+map; :func:`psanet.visualize.attention.attention_figures` draws them.
 """
 import contextlib
 import os
@@ -12,7 +12,6 @@ import numpy as np
 import paddle
 from paddleseg.transforms import Compose
 
-from psanet import visualize
 from psanet.contract import check_save_dir, color_map, palette_for
 from psanet.core import inference
 from psanet.core.checkpoint import load_model_weights, resolve_weights_path
@@ -20,7 +19,12 @@ from psanet.core.config import ComponentBuilder, load_config
 from psanet.core.runtime import set_device
 from psanet.errors import ConfigError, DatasetError, unreadable_image
 from psanet.log import get_logger
+from psanet.models import PSANet
 from psanet.ops import psa_impl as use_psa_impl
+from psanet.visualize.attention import (MapGeometry, attention_figures, capture_attention,
+                                        check_points, parse_points, psa_branches)
+from psanet.visualize.charts import class_names
+from psanet.visualize.drawing import write_png
 
 __all__ = ['visualize_attention', 'visualize_attention_from_config']
 
@@ -29,18 +33,20 @@ def visualize_attention(model, image, points, transforms, colors=None, names=Non
     """The attention figures of ``points`` on one image: one per point, and a sheet of all.
 
     Runs the model once on the image (through the val ``transforms``, whole
-    image) with :func:`psanet.visualize.capture_attention`, maps each point to
-    its cell of each branch's map (:class:`psanet.visualize.MapGeometry`) and
-    draws the figures (:func:`psanet.visualize.attention_figures`).
+    image) with :func:`psanet.visualize.attention.capture_attention`, maps each
+    point to its cell of each branch's map
+    (:class:`psanet.visualize.attention.MapGeometry`) and draws the figures
+    (:func:`psanet.visualize.attention.attention_figures`).
 
     Args:
-        model (paddle.nn.Layer): a PSANet with its weights.
+        model (PSANet): with its weights.
         image (np.ndarray): the BGR uint8 image as read.
         points (list): ``(x, y)`` pixels of ``image`` (or ``'x,y'`` strings).
         transforms (list): the val transforms (paddleseg transform objects).
         colors (list, optional): flat palette (:func:`psanet.contract.color_map`).
             Default: paddleseg's default palette.
-        names (list, optional): class names. Default: :func:`psanet.visualize.class_names`.
+        names (list, optional): class names. Default:
+            :func:`psanet.visualize.charts.class_names`.
         title (str, optional): starts the line above each figure, e.g. the image's name.
 
     Returns:
@@ -50,12 +56,12 @@ def visualize_attention(model, image, points, transforms, colors=None, names=Non
     Raises:
         ConfigError: a point outside the image, or a model without PSA branches.
     """
-    points = visualize.parse_points(points)
-    visualize.check_points(points, image.shape[:2], title)
+    points = parse_points(points)
+    check_points(points, image.shape[:2], title)
     data = Compose(list(transforms))({'img': image.astype('float32'), 'trans_info': []})
     tensor = paddle.to_tensor(data['img'][np.newaxis])
     model.eval()
-    with paddle.no_grad(), visualize.capture_attention(model) as records:
+    with paddle.no_grad(), capture_attention(model) as records:
         logit = inference.inference(model, tensor, data['trans_info'])
     if not records:  # a forward turned into a static program runs no Python hooks
         raise RuntimeError(f'{type(model).__name__} ran without calling its PSA branches in '
@@ -65,15 +71,13 @@ def visualize_attention(model, image, points, transforms, colors=None, names=Non
         label = cv2.resize(label.astype(np.int32), (image.shape[1], image.shape[0]),
                            interpolation=cv2.INTER_NEAREST).astype('int64')
     num_classes = int(logit.shape[1])
-    names = list(names) if names is not None else visualize.class_names(num_classes)
+    names = list(names) if names is not None else class_names(num_classes)
     palette = np.asarray(colors or color_map(num_classes), np.uint8).reshape(-1, 3)[:, ::-1]
-    geometries = [visualize.MapGeometry(tuple(image.shape[:2]), tuple(data['img'].shape[1:]),
-                                        tuple(data['trans_info']), record.feature_size,
-                                        record.map_size, bool(getattr(model, 'align_corners',
-                                                                      False)))
+    geometries = [MapGeometry(tuple(image.shape[:2]), tuple(data['img'].shape[1:]),
+                              tuple(data['trans_info']), record.feature_size, record.map_size,
+                              bool(model.align_corners))
                   for record in records]
-    return visualize.attention_figures(image, points, records, geometries, (label, palette),
-                                       names, title)
+    return attention_figures(image, points, records, geometries, (label, palette), names, title)
 
 
 def _read_image(image_path):
@@ -109,13 +113,17 @@ def visualize_attention_from_config(config, model_path, image_path, points, save
     set_device(device)
     resolve_weights_path(model_path)  # wrong paths and points fail before any building
     check_save_dir(save_dir)
-    points = visualize.parse_points(points)
+    points = parse_points(points)
     image = _read_image(image_path)
-    visualize.check_points(points, image.shape[:2], image_path)
+    check_points(points, image.shape[:2], image_path)
     cfg = load_config(config, opts=opts)
     builder = ComponentBuilder(cfg, weights_follow=True)
     model = builder.model
-    visualize.psa_branches(model)  # before the weights, which would not fit such a config
+    if not isinstance(model, PSANet):
+        raise ConfigError(f'config {config}: model.type {type(model).__name__} has no PSA '
+                          'branch: there is no attention to show; use a PSANet with use_psa: '
+                          'true.')
+    psa_branches(model)  # before the weights, which would not fit such a config
     logger = get_logger()
     logger.info(f'Loaded weights {load_model_weights(model, model_path)}')
     val_class = builder.val_dataset_class if cfg.val_dataset_cfg else None
@@ -123,14 +131,12 @@ def visualize_attention_from_config(config, model_path, image_path, points, save
     colors = color_map(num_classes, cityscapes=palette_for(val_class) == 'cityscapes')
     with use_psa_impl(psa_impl) if psa_impl else contextlib.nullcontext():
         figures, sheet = visualize_attention(model, image, points, builder.val_transforms,
-                                             colors, visualize.class_names(num_classes, val_class),
+                                             colors, class_names(num_classes, val_class),
                                              os.path.basename(image_path))
     stem = os.path.splitext(os.path.basename(image_path))[0]
-    paths = [visualize.write_png(os.path.join(save_dir, f'{stem}_attention_x{x}_y{y}.png'),
-                                 figure)
+    paths = [write_png(os.path.join(save_dir, f'{stem}_attention_x{x}_y{y}.png'), figure)
              for figure, (x, y) in zip(figures, points)]
-    paths.append(visualize.write_png(os.path.join(save_dir, f'{stem}_attention_sheet.png'),
-                                     sheet))
+    paths.append(write_png(os.path.join(save_dir, f'{stem}_attention_sheet.png'), sheet))
     logger.info(f'Attention at {len(points)} point{"s" * (len(points) > 1)} written to '
                 f'{save_dir}: {os.path.basename(paths[-1])} and one PNG per point.')
     return paths

@@ -4,7 +4,7 @@ Models follow paddleseg's convention: ``model(x)`` returns a list of logits,
 the main one first, at the input size; results are mapped back to the label
 size by undoing the transforms recorded in ``trans_info``. Before a model
 runs, the memory its attention maps will take is checked against the memory
-available (:func:`check_attention_memory`). Why this is not
+available (:func:`psanet.core.memory.check_attention_memory`). Why this is not
 ``paddleseg.core.infer``: docs/design.md.
 """
 import collections.abc
@@ -14,12 +14,13 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
-from psanet.compat import generic_place
+from psanet.core.memory import check_attention_memory, out_of_memory
+from psanet.core.memory import scaled_size as _scaled_size
 from psanet.core.options import InferenceOptions, check_slide_args
 from psanet.errors import InferenceMemoryError
 
 __all__ = ['reverse_transform', 'slide_windows', 'slide_inference', 'inference',
-           'aug_inference', 'flip_combinations', 'available_memory', 'check_attention_memory']
+           'aug_inference', 'flip_combinations']
 
 
 def reverse_transform(logit, trans_info, mode='bilinear'):
@@ -52,10 +53,7 @@ def _main_logit(model, x):
     except InferenceMemoryError:
         raise
     except MemoryError as error:
-        height, width = int(x.shape[-2]), int(x.shape[-1])
-        raise InferenceMemoryError(
-            f'running the model on a {width}x{height} input ran out of memory '
-            f'({_first_line(error)}); {_memory_advice(model, x, height, width)}') from error
+        raise out_of_memory(model, x, error) from error
     if not isinstance(logits, collections.abc.Sequence):
         raise TypeError(f'{type(model).__name__} returned {type(logits).__name__}: a segmentation '
                         'model must return a list of logits, the main one first.')
@@ -213,173 +211,3 @@ def aug_inference(model, image, trans_info=None, options=None):
     if trans_info is not None:
         score = reverse_transform(score, trans_info)
     return score
-
-
-def _scaled_size(height, width, scale):
-    """(h, w) of an input resized by ``scale``, as aug_inference resizes it."""
-    return int(height * scale + 0.5), int(width * scale + 0.5)
-
-
-# --- Memory of attention maps ----------------------------------------------------------------
-#
-# A model that offers ``attention_memory(height, width, batch, channels, dtype)``
-# (PSANet does) is asked, before it runs, what its attention maps will take at
-# each network input size; other models pass unchecked.
-
-# A suggested window leaves this share of the available memory to the rest of
-# the network (backbone activations, the logits of the whole image).
-_SUGGESTION_SHARE = 0.5
-
-
-def _format_bytes(size):
-    for unit, scale in (('GiB', 2 ** 30), ('MiB', 2 ** 20), ('KiB', 2 ** 10)):
-        if size >= scale:
-            return f'{size / scale:.1f} {unit}'
-    return f'{int(size)} B'
-
-
-def _first_line(error):
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return lines[0] if lines else type(error).__name__
-
-
-def available_memory(place=None):
-    """Bytes new tensors can still take on ``place``'s device, or None when unknown.
-
-    CPU: ``MemAvailable`` of /proc/meminfo (Linux; None elsewhere). GPU: the
-    device's free memory plus what Paddle's allocator holds but does not use.
-
-    Args:
-        place (paddle.Place, optional): Default: the current device.
-    """
-    place = generic_place(place)
-    if place.is_gpu_place():
-        core = paddle.base.core
-        if not hasattr(core, 'gpu_memory_available'):
-            return None
-        device = place.gpu_device_id()
-        cached = paddle.device.cuda.memory_reserved(device) - \
-            paddle.device.cuda.memory_allocated(device)
-        return int(core.gpu_memory_available()) + max(int(cached), 0)
-    if not place.is_cpu_place():
-        return None
-    try:
-        with open('/proc/meminfo') as f:
-            for line in f:
-                if line.startswith('MemAvailable:'):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def _attention_memory(model, image, height, width):
-    """The model's attention plan for a ``height x width`` input of ``image``'s batch, or None."""
-    plan = getattr(model, 'attention_memory', None)
-    if not callable(plan):
-        return None
-    return plan(height, width, int(image.shape[0]), int(image.shape[1]), image.dtype)
-
-
-def _fits(model, image, height, width, budget):
-    need = _attention_memory(model, image, height, width)
-    return need is None or need['peak_bytes'] <= budget
-
-
-def _suggest_crop(model, image, height, width, budget):
-    """The largest window of about the input's aspect whose attention fits ``budget``."""
-    need = _attention_memory(model, image, height, width)
-    unit = need['input_unit'] if need else 1
-    # The map grows with the square of the area, so with the 4th power of the side.
-    factor = min(1.0, (budget / need['peak_bytes']) ** 0.25) if need else 1.0
-    crop_h = max(unit, int(height * factor) // unit * unit)
-    crop_w = max(unit, int(width * factor) // unit * unit)
-    while not _fits(model, image, crop_h, crop_w, budget):
-        if crop_h == unit and crop_w == unit:
-            return None
-        if crop_h >= crop_w and crop_h > unit or crop_w == unit:
-            crop_h -= unit
-        else:
-            crop_w -= unit
-    return crop_w, crop_h
-
-
-def _suggest_scale(model, image, height, width, budget):
-    """The largest scale (2 decimals) at which the whole input's attention fits ``budget``."""
-    scale = 1.0
-    while scale >= 0.01:
-        if _fits(model, image, *_scaled_size(height, width, scale), budget):
-            return scale
-        scale = round(scale - 0.01, 2)
-    return None
-
-
-def _memory_advice(model, image, height, width, scales=None, available=None):
-    """How to run a ``height x width`` input in the memory there is: a window, or smaller scales."""
-    available = available_memory(image.place) if available is None else available
-    if _attention_memory(model, image, height, width) is None or available is None:
-        return ('use sliding windows (--is_slide --crop_size W H --stride W H) with a smaller '
-                'crop, or smaller --scales.')
-    budget = available * _SUGGESTION_SHARE
-    crop = _suggest_crop(model, image, height, width, budget)
-    if crop is None:
-        return (f'not even the smallest window fits in {_format_bytes(available)}: free memory '
-                f'or run on a machine with more.')
-    crop_w, crop_h = crop
-    advice = (f'use sliding windows that fit, e.g. --is_slide --crop_size {crop_w} {crop_h} '
-              f'--stride {max(1, crop_w * 3 // 4)} {max(1, crop_h * 3 // 4)}')
-    if scales is not None:
-        base_h, base_w = int(image.shape[-2]), int(image.shape[-1])
-        scale = _suggest_scale(model, image, base_h, base_w, budget)
-        if scale is not None and max(scales) > scale:
-            advice += f', or --scales no larger than {scale:g}'
-    return advice + '.'
-
-
-def check_attention_memory(model, image, scales=None, is_slide=False, crop_size=None):
-    """Raises InferenceMemoryError when an attention map of this inference cannot fit.
-
-    Every network input the inference will run (the image at each scale, or
-    its windows) is sized before any runs; the largest is compared with the
-    memory available on the image's device. Models without PSA branches, and
-    devices whose free memory is unknown, pass unchecked.
-
-    Args:
-        model (paddle.nn.Layer): the model.
-        image (Tensor): [N, C, H, W] input, on the device the model runs on.
-        scales (list, optional): aug_inference's scales; None: the image as is.
-        is_slide (bool, optional): windows of ``crop_size`` at each scale. Default: False.
-        crop_size (tuple, optional): (w, h) of a window. Default: None.
-
-    Raises:
-        InferenceMemoryError: naming the memory needed and available, and a
-            window (``--is_slide --crop_size``) or scale that fits.
-    """
-    if not callable(getattr(model, 'attention_memory', None)):
-        return
-    available = available_memory(image.place)
-    if available is None:
-        return
-    height, width = int(image.shape[-2]), int(image.shape[-1])
-    worst = None
-    for scale in scales or [1.0]:
-        h, w = _scaled_size(height, width, scale)
-        if is_slide:
-            h, w = min(h, int(crop_size[1])), min(w, int(crop_size[0]))
-        need = _attention_memory(model, image, h, w)
-        if need is None:
-            return
-        if worst is None or need['peak_bytes'] > worst[0]['peak_bytes']:
-            worst = (need, h, w)
-    need, h, w = worst
-    if need['peak_bytes'] <= available:
-        return
-    where = 'GPU' if image.place.is_gpu_place() else 'host'
-    softmax = ', more while its softmax runs' if need['peak_bytes'] > need['map_bytes'] else ''
-    what = f'{w}x{h} windows' if is_slide else f'a {w}x{h} network input'
-    raise InferenceMemoryError(
-        f'{what} need{"" if is_slide else "s"} {_format_bytes(need["peak_bytes"])} for '
-        f'the model\'s attention (each branch\'s map {need["shape"]} {need["dtype"]} is '
-        f'{_format_bytes(need["map_bytes"])}{softmax}), but only '
-        f'{_format_bytes(available)} of {where} memory is available; '
-        f'{_memory_advice(model, image, height, width, scales, available)}')

@@ -26,7 +26,7 @@ from psanet.core.options import InferenceOptions, TrainOptions
 from psanet.core.val import evaluate
 from psanet.errors import ConfigError, Interrupted, TrainingError
 from psanet.log import get_logger, log_file, setup_logging
-from psanet.visualize import class_names, log_evaluation_figures
+from psanet.visualize.charts import class_names, log_evaluation_figures
 
 __all__ = ['train', 'train_from_config', 'loss_terms', 'iteration_seed']
 

@@ -30,7 +30,7 @@ from psanet.data.prepare_cityscapes import train_ids_to_label_ids
 from psanet.data.validate import IMAGE_SUFFIX
 from psanet.errors import ConfigError
 from psanet.log import get_logger
-from psanet.visualize import class_names, write_evaluation_figures
+from psanet.visualize.charts import class_names, write_evaluation_figures
 
 __all__ = ['evaluate', 'evaluate_from_config', 'prediction_file_name', 'format_report']
 

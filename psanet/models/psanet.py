@@ -5,6 +5,7 @@ which semseg and mmsegmentation share: no bias on a convolution followed by
 BatchNorm nor on the attention convolution. Its released checkpoint loads
 through :mod:`psanet.models.reproduction`.
 """
+import dataclasses
 import math
 import os
 from urllib.parse import urlparse
@@ -15,6 +16,7 @@ import paddle.nn as nn
 import paddle.nn.functional as F
 from paddleseg.cvlibs import manager
 from paddleseg.models import layers
+from paddleseg.models.backbones.resnet_vd import ResNet_vd
 from paddleseg.utils import logger, utils
 
 from psanet.compat import autocast_dtype
@@ -22,10 +24,8 @@ from psanet.errors import ArgumentError, CheckpointError, ConfigError
 from psanet.models.reproduction import convert_reproduction_state, is_reproduction_state
 from psanet.ops import BI_DIRECTIONAL, COLLECT, DISTRIBUTE, PSA_TYPE_NAMES, PSAMask
 
-__all__ = ['PSANet', 'PSAHead', 'PSABranch']
+__all__ = ['PSANet', 'PSAHead', 'PSABranch', 'AttentionMemory']
 _ELEMENT_BYTES = {paddle.float16: 2, paddle.bfloat16: 2, paddle.float32: 4, paddle.float64: 8}
-# Probe input sizes that tell the backbone's output stride and its rounding (ceil).
-_STRIDE_PROBES = ((64, 96), (65, 97))
 
 
 def _is_int(value):
@@ -40,6 +40,52 @@ def _check_positive_int(name, value):
 def _check_bool(name, value):
     if not isinstance(value, (bool, np.bool_)):
         raise ArgumentError(name, 'true or false', value)
+
+
+def _resnet_vd_stride(backbone, index):
+    """The stride of paddleseg ResNet_vd's output ``index``, as its output_stride built it.
+
+    ResNet_vd keeps no output_stride; the dilations it sets are what it leaves.
+    The stem (a stride-2 convolution and a stride-2 max pool) takes 4; each later
+    stage halves the map unless output_stride dilated it (its first block's
+    dilation is then above 1). Every halving rounds up (padding 1, or the vd
+    shortcut's ceil_mode pool), so the output is ceil(size / stride). None for
+    another backbone.
+    """
+    if not isinstance(backbone, ResNet_vd):
+        return None
+    stages = backbone.stage_list[1:index % len(backbone.stage_list) + 1]
+    return 4 * 2 ** sum(1 for stage in stages if stage[0].dilation == 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionMemory:
+    """What the attention maps of one input size take (:meth:`PSANet.attention_memory`).
+
+    A map of ``cells = h*w`` positions has ``N * cells**2`` elements, and
+    ``h = ceil(H / input_unit)``, ``w = ceil(W / input_unit)`` for an H x W input.
+
+    Attributes:
+        shapes (list): each branch's map shape [N, h*w, h, w], in the order they run.
+        shape (list): the map of the branch with the largest peak.
+        dtype (str): its element type ('float16' under fp16 autocast).
+        map_bytes (int): its bytes.
+        peak_bytes (int): the bytes alive while it is softmaxed: the map, its
+            float32 copy under fp16 autocast, and the softmax.
+        input_unit (int): input pixels per map position along a side: the feature
+            stride times the shrink factor.
+    """
+    shapes: list
+    shape: list
+    dtype: str
+    map_bytes: int
+    peak_bytes: int
+    input_unit: int
+
+    @property
+    def peak_bytes_per_element(self):
+        """``peak_bytes`` per element of the map: the same at every input size."""
+        return self.peak_bytes // math.prod(self.shape)
 
 
 @manager.MODELS.add_component
@@ -115,6 +161,8 @@ class PSANet(nn.Layer):
                             psa_softmax, use_psa, compact, enable_auxiliary_loss)
         self.align_corners = align_corners
         self.pretrained = pretrained
+        # The stride of the feature the PSA head takes: the output is ceil(size / stride).
+        self.feature_stride = _resnet_vd_stride(backbone, self.backbone_indices[1])
         self.init_weight()
 
     def forward(self, x):
@@ -126,8 +174,13 @@ class PSANet(nn.Layer):
                           align_corners=self.align_corners) for logit in logit_list
         ]
 
-    def attention_memory(self, height, width, batch=1, channels=3, dtype='float32'):
-        """Memory of the attention maps for a ``[batch, channels, height, width]`` input.
+    def attention_layers(self):
+        """The PSA branches, in the order they run (collect before distribute); none without
+        PSA (``use_psa: false``)."""
+        return list(self.head.branches) if self.head.use_psa else []
+
+    def attention_memory(self, height, width, batch=1):
+        """Memory of the attention maps for a ``[batch, C, height, width]`` input.
 
         Each PSA branch builds a dense [N, h*w, h, w] map over the shrunk feature
         map (h, w), which grows with the 4th power of the input side (15.6 GB for
@@ -136,54 +189,25 @@ class PSANet(nn.Layer):
         softmax are both alive: that is the peak.
 
         Returns:
-            dict | None: ``shapes`` (one per branch), ``shape``, ``dtype``,
-            ``map_bytes`` and ``peak_bytes`` of the branch with the largest peak,
-            and ``input_unit`` (the input size step that grows the map by one);
-            None without PSA branches, or when the backbone's output size is not
-            ``ceil(size / stride)``.
+            AttentionMemory | None: None without PSA branches, or with a backbone
+            whose feature stride the model cannot tell (:attr:`feature_stride`).
         """
-        branches = list(self.head.branches) if self.head.use_psa else []
-        stride = self._feature_stride(channels, dtype) if branches else None
-        if stride is None:
+        branches = self.attention_layers()
+        if not branches or self.feature_stride is None:
             return None
-        feature_h, feature_w = math.ceil(height / stride), math.ceil(width / stride)
-        plan = {'shapes': [], 'peak_bytes': -1, 'branches': len(branches),
-                'input_unit': stride * max(branch.shrink_factor for branch in branches)}
+        feature_h = math.ceil(height / self.feature_stride)
+        feature_w = math.ceil(width / self.feature_stride)
+        shapes, worst = [], None
         for branch in branches:
             h, w = branch.map_size(feature_h, feature_w)
             shape = [int(batch), h * w, h, w]
-            plan['shapes'].append(shape)
+            shapes.append(shape)
             map_dtype, map_bytes, peak = branch.attention_bytes(shape)
-            if peak > plan['peak_bytes']:
-                plan.update(shape=shape, dtype=map_dtype, map_bytes=map_bytes, peak_bytes=peak)
-        return plan
-
-    def _feature_stride(self, channels, dtype):
-        """The stride of the backbone output the PSA head takes (None: not a plain one).
-
-        Told from two small probe inputs, so that any backbone works; cached.
-        """
-        cached = self.__dict__.get('_probed_stride')
-        if cached is not None:
-            return cached[0]
-        was_training = self.backbone.training
-        self.backbone.eval()  # no batch-norm statistics change from the probes
-        try:
-            with paddle.no_grad():
-                sizes = [tuple(int(s) for s in self.backbone(
-                    paddle.zeros([1, channels, h, w], dtype))[self.backbone_indices[1]].shape[-2:])
-                    for h, w in _STRIDE_PROBES]
-        finally:
-            if was_training:
-                self.backbone.train()
-        probe_h, stride = _STRIDE_PROBES[0][0], None
-        if sizes[0][0] > 0 and probe_h % sizes[0][0] == 0:
-            candidate = probe_h // sizes[0][0]
-            if all(size == (math.ceil(h / candidate), math.ceil(w / candidate))
-                   for size, (h, w) in zip(sizes, _STRIDE_PROBES)):
-                stride = candidate
-        self.__dict__['_probed_stride'] = (stride,)
-        return stride
+            if worst is None or peak > worst[3]:
+                worst = (shape, map_dtype, map_bytes, peak)
+        shape, map_dtype, map_bytes, peak = worst
+        return AttentionMemory(shapes, shape, map_dtype, map_bytes, peak,
+                               self.feature_stride * self.head.shrink_factor)
 
     def init_weight(self):
         if self.pretrained is None:
@@ -331,7 +355,7 @@ class PSABranch(nn.Layer):
             nn.Conv2D(channels, mask_h * mask_w, kernel_size=1, bias_attr=False))
         self.psa_mask = None if compact else PSAMask(psa_type, (mask_h, mask_w))
         # A layer of its own, so that a forward post-hook on it sees the attention map
-        # this branch aggregates with (psanet.visualize); no parameters.
+        # this branch aggregates with (psanet.visualize.attention); no parameters.
         self.normalize = nn.Softmax(axis=1) if psa_softmax else nn.Identity()
 
     def forward(self, x):

@@ -1,43 +1,32 @@
-"""What the model does, as pictures: PSANet's attention at chosen pixels, and evaluations.
+"""PSANet's attention at chosen pixels, as pictures.
 
 :func:`capture_attention` records, while a model runs, the attention map each
 PSA branch aggregates with (forward hooks, installed only inside the block);
 :func:`point_maps` reads the maps of one position and :func:`attention_figures`
 draws them over the image beside the prediction (the engine runs the model:
-:mod:`psanet.core.attention`, tools/visualize_attention.py).
-:func:`iou_bar_chart` and :func:`confusion_matrix_image` draw an evaluation's
-per-class IoU and row-normalised confusion matrix; val.py and training's
-VisualDL log write them (:func:`write_evaluation_figures`,
-:func:`log_evaluation_figures`). OpenCV draws everything; this module imports
-nothing of the engine, the models or paddleseg.
+:mod:`psanet.core.attention`, tools/visualize_attention.py). The model names
+its branches (``PSANet.attention_layers()``); this module imports nothing of
+the engine, the models or paddleseg.
 """
 import contextlib
 import dataclasses
 import math
-import os
 import re
 
 import cv2
 import numpy as np
 import paddle
 
-from psanet.contract import palette_for, write_image
 from psanet.errors import ConfigError
 from psanet.ops import COLLECT, DISTRIBUTE
+from psanet.visualize.drawing import BLACK, FONT, GREY, WHITE, text_width
 
 __all__ = ['AttentionRecord', 'MapGeometry', 'capture_attention', 'point_maps', 'branch_map',
-           'parse_points', 'check_points', 'psa_branches', 'attention_figures', 'write_png',
-           'class_names', 'normalized_confusion',
-           'iou_bar_chart', 'confusion_matrix_image', 'write_evaluation_figures',
-           'log_evaluation_figures', 'EVALUATION_FIGURES']
+           'parse_points', 'check_points', 'psa_branches', 'attention_figures']
 
 # Panels are drawn at least this tall (small images are upscaled) and at most this tall.
 _MIN_PANEL_HEIGHT, _MAX_PANEL_HEIGHT = 256, 512
-_FONT = cv2.FONT_HERSHEY_SIMPLEX
-_WHITE, _BLACK, _GREY = (255, 255, 255), (0, 0, 0), (128, 128, 128)
 _GAP = 8
-# File names of write_evaluation_figures, also the VisualDL tags' last part.
-EVALUATION_FIGURES = ('class_iou', 'confusion_matrix')
 
 
 # ---------------------------------------------------------------------------
@@ -63,11 +52,9 @@ class AttentionRecord:
 
 
 def psa_branches(model):
-    """The model's PSA branches; ConfigError when it has none (``use_psa: false``)."""
-    # PSABranch by what it has, so that this module does not import the models.
-    branches = [layer for layer in model.sublayers(include_self=True)
-                if isinstance(getattr(layer, 'normalize', None), paddle.nn.Layer)
-                and hasattr(layer, 'psa_type')]
+    """The model's PSA branches (``model.attention_layers()``, a PSANet's); ConfigError when
+    it has none (``use_psa: false``)."""
+    branches = model.attention_layers()
     if not branches:
         raise ConfigError(f'{type(model).__name__} has no PSA branch (model.use_psa: false '
                           'builds none): there is no attention to show; use a PSANet with '
@@ -103,7 +90,7 @@ def capture_attention(model):
     Dygraph only.
 
     Args:
-        model (paddle.nn.Layer): a PSANet, or any layer holding PSA branches.
+        model (PSANet): or any layer whose ``attention_layers()`` lists PSA branches.
 
     Yields:
         list: receives an :class:`AttentionRecord` per branch per forward, in the
@@ -251,18 +238,18 @@ def check_points(points, image_size, image_name=''):
 
 def _font_scale(text, width, largest=0.55, smallest=0.35):
     scale = largest
-    while scale > smallest and cv2.getTextSize(text, _FONT, scale, 1)[0][0] > width:
+    while scale > smallest and cv2.getTextSize(text, FONT, scale, 1)[0][0] > width:
         scale -= 0.05
     return scale
 
 
-def _text_band(width, lines, largest=0.55, background=_WHITE, thickness=1):
+def _text_band(width, lines, largest=0.55, background=WHITE, thickness=1):
     """A band ``width`` wide with one line of black text per item."""
     line_height = int(round(40 * largest))
     band = np.full((len(lines) * line_height + 8, width, 3), background, np.uint8)
     for i, line in enumerate(lines):
         scale = _font_scale(line, width - 8, largest)
-        cv2.putText(band, line, (4, (i + 1) * line_height - 4), _FONT, scale, _BLACK, thickness,
+        cv2.putText(band, line, (4, (i + 1) * line_height - 4), FONT, scale, BLACK, thickness,
                     cv2.LINE_AA)
     return band
 
@@ -314,12 +301,12 @@ def _mark(panel, point, scale):
     radius = max(6, int(round(min(panel.shape[:2]) / 40)))
     margin = 2 * radius + 2
     framed = cv2.copyMakeBorder(panel, margin, margin, margin, margin, cv2.BORDER_CONSTANT,
-                                value=_WHITE)
+                                value=WHITE)
     cv2.rectangle(framed, (margin - 1, margin - 1),
-                  (margin + panel.shape[1], margin + panel.shape[0]), _GREY, 1)
+                  (margin + panel.shape[1], margin + panel.shape[0]), GREY, 1)
     x, y = ((c + 0.5) * scale - 0.5 + margin for c in point)
     centre = (int(round(x)), int(round(y)))
-    for colour, thickness in ((_BLACK, 4), (_WHITE, 2)):
+    for colour, thickness in ((BLACK, 4), (WHITE, 2)):
         cv2.circle(framed, centre, radius, colour, thickness, cv2.LINE_AA)
         for dx, dy in ((1, 0), (0, 1)):
             start = (centre[0] - 2 * radius * dx, centre[1] - 2 * radius * dy)
@@ -343,7 +330,7 @@ def _legend(width, classes, palette, names):
     x, row, shown = 4, 0, 0
     for cls in classes:
         name = _name(names, cls)
-        text_width = _text_width(name, 0.45)
+        text_width = text_width(name, 0.45)
         if x + 18 + text_width > width - 4:
             x, row = 4, row + 1
         if row == 3:
@@ -351,8 +338,8 @@ def _legend(width, classes, palette, names):
         top = 4 + row * 22
         cv2.rectangle(band, (x, top + 2), (x + 14, top + 16), tuple(int(c) for c in palette[cls]),
                       -1)
-        cv2.rectangle(band, (x, top + 2), (x + 14, top + 16), _GREY, 1)
-        cv2.putText(band, name, (x + 18, top + 15), _FONT, 0.45, _BLACK, 1, cv2.LINE_AA)
+        cv2.rectangle(band, (x, top + 2), (x + 14, top + 16), GREY, 1)
+        cv2.putText(band, name, (x + 18, top + 15), FONT, 0.45, BLACK, 1, cv2.LINE_AA)
         x += 18 + text_width + 12
         shown += 1
     return band[:4 + (row + 1) * 22 + 2] if shown else band[:0]
@@ -426,211 +413,3 @@ def attention_figures(image, points, records, geometries, prediction, names, tit
                                      0.6, (235, 235, 235), 2), figure])
                for figure, (x, y) in zip(figures, points)]
     return figures, _vstack(figures)
-
-
-def write_png(path, image):
-    """Writes ``image`` as a PNG at ``path`` whole: a temporary file beside it, then renamed."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    return write_image(path, image, '.png')
-
-
-# ---------------------------------------------------------------------------
-# Evaluation figures
-# ---------------------------------------------------------------------------
-
-def class_names(num_classes, dataset=None):
-    """Names of the classes: Cityscapes' 19 train ids, else ``'class 0'``, ``'class 1'``, ...
-
-    Args:
-        num_classes (int): number of classes.
-        dataset (object, optional): the dataset or its class; None counts 19 classes as
-            Cityscapes'. Default: None.
-    """
-    dataset_class = dataset if dataset is None or isinstance(dataset, type) else type(dataset)
-    if num_classes == 19 and (dataset is None or palette_for(dataset_class) == 'cityscapes'):
-        from cityscapesscripts.helpers.labels import labels
-        names = {label.trainId: label.name for label in labels if 0 <= label.trainId < 255}
-        return [names[i] for i in range(num_classes)]
-    return [f'class {i}' for i in range(num_classes)]
-
-
-def normalized_confusion(confusion):
-    """Each row of a confusion matrix divided by its sum: float64, NaN rows for classes
-    without ground-truth pixels."""
-    confusion = np.asarray(confusion, np.float64)
-    totals = confusion.sum(axis=1, keepdims=True)
-    with np.errstate(invalid='ignore', divide='ignore'):
-        return np.where(totals > 0, confusion / totals, np.nan)
-
-
-def _text_width(text, scale):
-    return cv2.getTextSize(text, _FONT, scale, 1)[0][0]
-
-
-def iou_bar_chart(class_iou, class_names, miou):
-    """A horizontal bar per class (its name, its IoU) and a vertical line at the mIoU.
-
-    Args:
-        class_iou (np.ndarray): [C] IoU per class.
-        class_names (list): C names.
-        miou (float): the mean IoU.
-
-    Returns:
-        np.ndarray: BGR uint8 image.
-    """
-    class_iou = np.asarray(class_iou, np.float64)
-    scale, row_height, bar_width = 0.5, 24, 500
-    left = max(_text_width(name, scale) for name in class_names) + 16
-    top, bottom = 56, 36
-    height = top + row_height * len(class_iou) + bottom
-    width = left + bar_width + 70
-    image = np.full((height, width, 3), 255, np.uint8)
-    cv2.putText(image, f'Per-class IoU ({len(class_iou)} classes)', (8, 22), _FONT, 0.6, _BLACK,
-                1, cv2.LINE_AA)
-    for tick in np.linspace(0, 1, 6):
-        x = left + int(round(tick * bar_width))
-        cv2.line(image, (x, top - 4), (x, height - bottom), (225, 225, 225), 1)
-        cv2.putText(image, f'{tick:.1f}', (x - 10, height - bottom + 18), _FONT, 0.45, _BLACK, 1,
-                    cv2.LINE_AA)
-    cv2.putText(image, 'IoU', (left + bar_width // 2 - 12, height - 4), _FONT, 0.45, _BLACK, 1,
-                cv2.LINE_AA)
-    values = []
-    for i, (name, iou) in enumerate(zip(class_names, class_iou)):
-        y = top + i * row_height
-        cv2.putText(image, name, (left - 8 - _text_width(name, scale), y + 16), _FONT, scale,
-                    _BLACK, 1, cv2.LINE_AA)
-        if np.isnan(iou):
-            values.append(('n/a', left + 4, y))
-            continue
-        end = left + int(round(np.clip(iou, 0, 1) * bar_width))
-        cv2.rectangle(image, (left, y + 3), (max(end, left + 1), y + row_height - 3),
-                      (180, 119, 31), -1)
-        values.append((f'{iou:.3f}', end + 4, y))
-    x = left + int(round(np.clip(miou, 0, 1) * bar_width))
-    cv2.line(image, (x, top - 6), (x, height - bottom), (40, 40, 220), 2)
-    label = f'mIoU {miou:.4f}'
-    label_x = min(max(x - _text_width(label, 0.5) // 2, left), width - _text_width(label, 0.5) - 4)
-    cv2.putText(image, label, (label_x, top - 12), _FONT, 0.5, (40, 40, 220), 1, cv2.LINE_AA)
-    for text, x, y in values:  # over the mIoU line, on white
-        cv2.rectangle(image, (x - 1, y + 4), (x + _text_width(text, 0.45) + 1, y + 20), _WHITE, -1)
-        cv2.putText(image, text, (x, y + 16), _FONT, 0.45, _BLACK, 1, cv2.LINE_AA)
-    return image
-
-
-def _blues(values):
-    """[...] values in 0..1 -> BGR from white to dark blue."""
-    low, high = np.array(_WHITE, np.float64), np.array((107, 48, 8), np.float64)
-    values = np.clip(np.asarray(values, np.float64), 0, 1)[..., None]
-    return (low + (high - low) * values).round().astype(np.uint8)
-
-
-def _vertical_text(text, scale, colour=_BLACK):
-    """``text`` drawn bottom to top, on white."""
-    (text_width, text_height), base = cv2.getTextSize(text, _FONT, scale, 1)
-    band = np.full((text_height + base + 4, text_width + 4, 3), 255, np.uint8)
-    cv2.putText(band, text, (2, text_height + 2), _FONT, scale, colour, 1, cv2.LINE_AA)
-    return cv2.rotate(band, cv2.ROTATE_90_COUNTERCLOCKWISE)
-
-
-def confusion_matrix_image(confusion, class_names):
-    """The row-normalised confusion matrix (rows ground truth, columns prediction).
-
-    Each cell is the share of the row class's ground-truth pixels predicted as
-    the column class (:func:`normalized_confusion`), in percent, white (0) to
-    dark blue (100); a class without ground-truth pixels is a grey row.
-
-    Args:
-        confusion (np.ndarray): [C, C] pixel counts, rows ground truth.
-        class_names (list): C names.
-
-    Returns:
-        np.ndarray: BGR uint8 image.
-    """
-    shares = normalized_confusion(confusion)
-    count = len(shares)
-    cell = 30 if count <= 30 else max(8, 900 // count)
-    scale = 0.45 if cell >= 20 else 0.35
-    name_width = max(_text_width(name, scale) for name in class_names) + 12
-    left, top = 28 + name_width, 64 + name_width
-    matrix_size = cell * count
-    title = 'Confusion matrix, % of each ground-truth class'
-    height = top + matrix_size + 20
-    width = max(left + matrix_size + 90, _text_width(title, 0.6) + 16)
-    image = np.full((height, width, 3), 255, np.uint8)
-    cv2.putText(image, title, (8, 22), _FONT, 0.6, _BLACK, 1, cv2.LINE_AA)
-    cv2.putText(image, 'prediction', (left + matrix_size // 2 - 40, 48), _FONT, 0.5, _BLACK, 1,
-                cv2.LINE_AA)
-    axis = _vertical_text('ground truth', 0.5)
-    y = top + max(0, (matrix_size - axis.shape[0]) // 2)
-    image[y:y + axis.shape[0], 4:4 + axis.shape[1]] = axis[:height - y]
-    for i, name in enumerate(class_names):
-        y = top + i * cell
-        cv2.putText(image, name, (left - 6 - _text_width(name, scale), y + cell // 2 + 5), _FONT,
-                    scale, _BLACK, 1, cv2.LINE_AA)
-        label = _vertical_text(name, scale)
-        x = left + i * cell + (cell - label.shape[1]) // 2
-        image[top - 6 - label.shape[0]:top - 6, x:x + label.shape[1]] = label
-    empty = np.isnan(shares).all(axis=1)
-    for i in range(count):
-        y = top + i * cell
-        if empty[i]:
-            image[y:y + cell, left:left + matrix_size] = (235, 235, 235)
-            continue
-        image[y:y + cell, left:left + matrix_size] = np.repeat(
-            np.repeat(_blues(shares[i])[None], cell, axis=0), cell, axis=1)
-        if cell < 20:
-            continue
-        for j, share in enumerate(shares[i]):
-            if share >= 0.005:
-                text = f'{100 * share:.0f}'
-                x = left + j * cell + (cell - _text_width(text, 0.4)) // 2
-                cv2.putText(image, text, (x, y + cell // 2 + 5), _FONT, 0.4,
-                            _WHITE if share > 0.5 else _BLACK, 1, cv2.LINE_AA)
-    for k in range(count + 1):
-        cv2.line(image, (left, top + k * cell), (left + matrix_size, top + k * cell),
-                 (210, 210, 210), 1)
-        cv2.line(image, (left + k * cell, top), (left + k * cell, top + matrix_size),
-                 (210, 210, 210), 1)
-    for k in np.flatnonzero(~empty):  # the diagonal, the correct predictions, outlined
-        corner = left + k * cell, top + k * cell
-        cv2.rectangle(image, corner, (corner[0] + cell, corner[1] + cell), (60, 60, 60), 1)
-    for k in np.flatnonzero(empty):
-        cv2.putText(image, 'no ground-truth pixels', (left + 6, top + k * cell + cell // 2 + 5),
-                    _FONT, scale, _GREY, 1, cv2.LINE_AA)
-    bar_x = left + matrix_size + 16
-    ramp = _blues(np.linspace(1, 0, matrix_size))[:, None]
-    image[top:top + matrix_size, bar_x:bar_x + 16] = np.repeat(ramp, 16, axis=1)
-    cv2.rectangle(image, (bar_x, top), (bar_x + 15, top + matrix_size - 1), _GREY, 1)
-    for share, y in ((1, top + 10), (0.5, top + matrix_size // 2 + 5), (0, top + matrix_size)):
-        cv2.putText(image, f'{100 * share:.0f}%', (bar_x + 20, y), _FONT, 0.45, _BLACK, 1,
-                    cv2.LINE_AA)
-    return image
-
-
-def _evaluation_images(result, class_names):
-    chart, matrix = EVALUATION_FIGURES
-    return {chart: iou_bar_chart(result['class_iou'], class_names, result['miou']),
-            matrix: confusion_matrix_image(result['confusion_matrix'], class_names)}
-
-
-def write_evaluation_figures(result, class_names, save_dir):
-    """Writes ``class_iou.png`` and ``confusion_matrix.png`` of an evaluation into ``save_dir``.
-
-    Args:
-        result (dict): from ``psanet.core.val.evaluate``: ``class_iou``, ``miou`` and
-            ``confusion_matrix`` ([C, C], rows ground truth).
-        class_names (list): C names (:func:`class_names`).
-        save_dir (str): folder, made when missing; each file is written whole.
-
-    Returns:
-        list: the two paths.
-    """
-    return [write_png(os.path.join(save_dir, f'{name}.png'), image)
-            for name, image in _evaluation_images(result, class_names).items()]
-
-
-def log_evaluation_figures(writer, result, class_names, step):
-    """Logs the two figures of :func:`write_evaluation_figures` to a VisualDL ``LogWriter``
-    as ``Evaluate/class_iou`` and ``Evaluate/confusion_matrix`` (RGB, HWC) at ``step``."""
-    for name, image in _evaluation_images(result, class_names).items():
-        writer.add_image(f'Evaluate/{name}', cv2.cvtColor(image, cv2.COLOR_BGR2RGB), step)
