@@ -200,6 +200,45 @@ def test_use_psa_false_is_the_baseline_without_attention():
         assert list(model(paddle.randn([1, 3, 32, 48]))[0].shape) == [1, 19, 32, 48]
 
 
+def test_the_model_names_its_attention_layers():
+    branches = PSANet(19, small_backbone(), psa_type=2, mask_h=5, mask_w=5).attention_layers()
+    assert [type(b).__name__ for b in branches] == ['PSABranch', 'PSABranch']
+    assert [b.psa_type for b in branches] == [0, 1]  # collect runs first
+    assert PSANet(19, small_backbone(), psa_type=1, mask_h=5, mask_w=5).attention_layers()[0] \
+        .psa_type == 1
+    baseline = PSANet(19, small_backbone(), use_psa=False)
+    assert baseline.attention_layers() == [] and baseline.attention_memory(64, 64) is None
+
+
+@pytest.mark.parametrize('layers', [18, 50])
+@pytest.mark.parametrize('output_stride', [8, 16, 32])
+@pytest.mark.parametrize('index', [1, 2, 3, -1])
+def test_feature_stride_is_what_the_backbone_outputs(layers, output_stride, index):
+    """The stride the model tells from its ResNet_vd, against the feature the backbone
+    returns on odd sizes: ceil(size / stride) (32: what ResNet_vd builds for any other
+    output_stride)."""
+    from paddleseg.models.backbones.resnet_vd import ResNet_vd
+    backbone = ResNet_vd(layers=layers, output_stride=output_stride)
+    model = PSANet(19, backbone, backbone_indices=(0, index), mask_h=5, mask_w=5,
+                   psa_channels=8)
+    model.eval()
+    with paddle.no_grad():
+        for height, width in ((64, 96), (65, 97), (33, 250)):
+            feature = backbone(paddle.zeros([1, 3, height, width]))[index]
+            assert tuple(feature.shape[-2:]) == (-(-height // model.feature_stride),
+                                                 -(-width // model.feature_stride))
+    assert model.feature_stride == (output_stride if index in (3, -1) else
+                                    min(output_stride, [4, 8, 16, 32][index]))
+
+
+def test_another_backbone_has_no_feature_stride_and_no_memory_plan():
+    class FourOutputs(paddle.nn.Layer):
+        feat_channels = [4, 8, 8, 16]
+
+    model = PSANet(3, FourOutputs(), mask_h=5, mask_w=5, psa_channels=8)
+    assert model.feature_stride is None and model.attention_memory(64, 64) is None
+
+
 @pytest.mark.parametrize('psa_type,use_psa', [(0, True), (1, True), (2, True), (2, False)])
 def test_no_bias_before_batch_norm_nor_on_the_attention(psa_type, use_psa):
     """As the reproduction, semseg and mmsegmentation, whose checkpoints have none."""

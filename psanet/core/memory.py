@@ -81,15 +81,30 @@ def _cells(plan, budget):
     return math.isqrt(int(budget) // per_cell_pair)
 
 
+def _shorten(rows, cols, cells):
+    """(rows, cols) shortened to at most ``cells`` positions as one-position steps on the
+    longer side (rows on a tie) would: the longer side cut to what the shorter allows,
+    else the m x m or m x (m + 1) (m rows) that fits; None when ``cells`` is 0."""
+    if cells < 1:
+        return None
+    if rows * cols <= cells:
+        return rows, cols
+    short = min(rows, cols)
+    if short * short <= cells:
+        return (cells // short, short) if rows >= cols else (short, cells // short)
+    side = math.isqrt(cells)
+    return side, side + 1 if side * (side + 1) <= cells else side
+
+
 def largest_crop(plan, height, width, budget):
     """The largest window of about a ``height x width`` input's aspect whose attention fits.
 
     The window is the input scaled by the 4th root of ``budget / peak_bytes``,
-    each side rounded down to whole map positions (``input_unit`` pixels). Where
-    the rounding up of the feature map still leaves too many positions, the
-    longer side (the height on a tie) is shortened one position at a time, which
-    comes to: the longer side cut to what the shorter allows, else the largest
-    m x m or m x (m + 1) (height m) square that fits.
+    each side rounded down to whole map positions (``input_unit`` pixels), at
+    least one. Since the map's positions grow with the product of the sides
+    and its elements with their square, that fits, except where a side was
+    raised to one position or the root rounded up: then the longer side is
+    shortened (:func:`_shorten`).
 
     Args:
         plan (AttentionMemory): the model's plan for the whole input.
@@ -101,21 +116,12 @@ def largest_crop(plan, height, width, budget):
         tuple | None: ``(crop_w, crop_h)``, multiples of ``input_unit``; None when not
         even one position fits.
     """
-    unit, cells = plan.input_unit, _cells(plan, budget)
-    if cells < 1:
-        return None
+    unit = plan.input_unit
     factor = min(1.0, (budget / plan.peak_bytes) ** 0.25)
     rows = max(1, int(height * factor) // unit)
     cols = max(1, int(width * factor) // unit)
-    if rows * cols > cells:
-        short = min(rows, cols)
-        if short * short <= cells:  # the longer side alone is cut
-            long = cells // short
-            rows, cols = (long, short) if rows >= cols else (short, long)
-        else:
-            side = math.isqrt(cells)
-            rows, cols = side, side + 1 if side * (side + 1) <= cells else side
-    return cols * unit, rows * unit
+    cut = _shorten(rows, cols, _cells(plan, budget))
+    return None if cut is None else (cut[1] * unit, cut[0] * unit)
 
 
 def _largest_step(size, limit):

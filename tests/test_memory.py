@@ -1,0 +1,175 @@
+"""psanet.core.memory: the largest window and scale that fit, worked out, against the searches
+that try every size one step at a time; and the record of the free-GPU-memory API."""
+import math
+
+import numpy as np
+import paddle
+import pytest
+from paddleseg.models.backbones import ResNet18_vd
+
+from conftest import autocast_state
+from psanet import compat
+from psanet.core.memory import _shorten, largest_crop, largest_scale, scaled_size
+from psanet.models import PSANet
+
+
+def small_psanet(output_stride, shrink_factor, psa_type=2, psa_softmax=True):
+    paddle.seed(0)
+    model = PSANet(5, ResNet18_vd(output_stride=output_stride), psa_type=psa_type, mask_h=5,
+                   mask_w=5, psa_channels=8, shrink_factor=shrink_factor,
+                   psa_softmax=psa_softmax, enable_auxiliary_loss=False)
+    model.eval()
+    return model
+
+
+def fits(model, height, width, batch, budget):
+    return model.attention_memory(height, width, batch).peak_bytes <= budget
+
+
+def crop_by_search(model, height, width, batch, budget, start=None):
+    """From the input scaled by the 4th root of budget / peak, rounded down to whole map
+    positions, the longer side (the height on a tie) shortened by a position until the
+    model's own estimate fits. ``start`` (a list) receives the first window tried."""
+    need = model.attention_memory(height, width, batch)
+    unit = need.input_unit
+    factor = min(1.0, (budget / need.peak_bytes) ** 0.25)
+    crop_h = max(unit, int(height * factor) // unit * unit)
+    crop_w = max(unit, int(width * factor) // unit * unit)
+    if start is not None:
+        start[:] = [crop_w, crop_h]
+    while not fits(model, crop_h, crop_w, batch, budget):
+        if crop_h == unit and crop_w == unit:
+            return None
+        if crop_h >= crop_w and crop_h > unit or crop_w == unit:
+            crop_h -= unit
+        else:
+            crop_w -= unit
+    return crop_w, crop_h
+
+
+def crop_case(start, crop):
+    """Which way the search ended: nothing fits, the first window, a side cut."""
+    return 'none' if crop is None else 'first' if list(crop) == start else 'cut'
+
+
+def scale_by_search(model, height, width, batch, budget):
+    """Scales 1.00, 0.99, ... 0.01 in turn, the first the model's estimate fits."""
+    scale = 1.0
+    while scale >= 0.01:
+        if fits(model, *scaled_size(height, width, scale), batch, budget):
+            return scale
+        scale = round(scale - 0.01, 2)
+    return None
+
+
+MODELS = [(8, 2), (16, 3), (8, 1)]  # (output stride, shrink factor)
+
+
+def cases(seed, count):
+    """(height, width, batch, budget): sizes from 50 to 700 pixels, budgets from below one
+    map position's to above the whole image's, and budgets right at and one byte under
+    a number of positions' peak, where rounding decides."""
+    rng = np.random.RandomState(seed)
+    for _ in range(count):
+        height, width = (int(v) for v in rng.randint(50, 701, size=2))
+        batch = int(rng.choice([1, 2]))
+        yield height, width, batch, float(10 ** rng.uniform(-6, 0.5))
+        cells = int(rng.randint(1, 200))
+        yield height, width, batch, ('cells', cells, 0)
+        yield height, width, batch, ('cells', cells, -1)
+
+
+def budget_of(model, height, width, batch, budget):
+    """A budget as bytes: a share of the whole input's peak, or a number of positions' peak
+    (from the model's estimate of an input ``cells`` positions wide) plus ``extra``."""
+    if isinstance(budget, tuple):
+        _, cells, extra = budget
+        unit = model.attention_memory(height, width, batch).input_unit
+        return model.attention_memory(unit, cells * unit, batch).peak_bytes + extra
+    return budget * model.attention_memory(height, width, batch).peak_bytes
+
+
+@pytest.mark.parametrize('output_stride, shrink_factor', MODELS)
+def test_largest_crop_is_what_the_search_finds(output_stride, shrink_factor):
+    model = small_psanet(output_stride, shrink_factor)
+    found = set()
+    for height, width, batch, budget in cases(output_stride * 10 + shrink_factor, 150):
+        budget = budget_of(model, height, width, batch, budget)
+        plan = model.attention_memory(height, width, batch)
+        start = []
+        expected = crop_by_search(model, height, width, batch, budget, start)
+        assert largest_crop(plan, height, width, budget) == expected, (height, width, batch,
+                                                                       budget)
+        found.add(crop_case(start, expected))
+    assert found == {'none', 'first', 'cut'}  # every way out was met
+
+
+def test_shortening_is_the_search_in_steps():
+    """Every start up to 30 x 30 positions, every number of positions that fit: the form
+    against one-position steps on the longer side (rows on a tie)."""
+    ways = set()
+    for rows in range(1, 31):
+        for cols in range(1, 31):
+            for cells in range(0, rows * cols + 2):
+                r, c, expected = rows, cols, None
+                while cells >= 1:
+                    if r * c <= cells:
+                        expected = (r, c)
+                        break
+                    if r >= c and r > 1 or c == 1:
+                        r -= 1
+                    else:
+                        c -= 1
+                assert _shorten(rows, cols, cells) == expected, (rows, cols, cells)
+                if expected and expected != (rows, cols):
+                    ways.add('one side' if expected[0] == rows or expected[1] == cols else 'both')
+    assert ways == {'one side', 'both'}
+
+
+@pytest.mark.parametrize('output_stride, shrink_factor', MODELS)
+def test_largest_scale_is_what_the_search_finds(output_stride, shrink_factor):
+    model = small_psanet(output_stride, shrink_factor)
+    found = set()
+    for height, width, batch, budget in cases(output_stride * 10 + shrink_factor + 1, 150):
+        budget = budget_of(model, height, width, batch, budget)
+        plan = model.attention_memory(height, width, batch)
+        expected = scale_by_search(model, height, width, batch, budget)
+        assert largest_scale(plan, height, width, budget) == expected, (height, width, batch,
+                                                                        budget)
+        found.add('none' if expected is None else 'whole' if expected == 1.0 else 'smaller')
+    assert found == {'none', 'whole', 'smaller'}
+
+
+@pytest.mark.parametrize('autocast, psa_softmax', [(True, True), (False, False)])
+def test_the_closed_forms_follow_the_bytes_per_element(autocast, psa_softmax):
+    """fp16 autocast (a half map, its float32 copy and the softmax: 10 bytes an element) and
+    no softmax (the map alone: 4) change what fits; the forms read it from the plan."""
+    model = small_psanet(8, 2, psa_type=0, psa_softmax=psa_softmax)
+    with autocast_state(autocast, 'float16'):
+        plan = model.attention_memory(300, 410)
+        assert plan.peak_bytes_per_element == (10 if autocast else 4)
+        for budget in (1e4, 3e5, 7e6):
+            assert largest_crop(plan, 300, 410, budget) == crop_by_search(model, 300, 410, 1,
+                                                                          budget)
+            assert largest_scale(plan, 300, 410, budget) == scale_by_search(model, 300, 410, 1,
+                                                                            budget)
+
+
+def test_a_crop_fits_and_one_more_position_would_not():
+    """The window the form gives is the largest of its shape: one map position more on
+    either side no longer fits (so the search's answer is no smaller than needed)."""
+    model = small_psanet(8, 2)
+    plan = model.attention_memory(512, 1024)
+    budget = plan.peak_bytes / 50
+    crop_w, crop_h = largest_crop(plan, 512, 1024, budget)
+    unit = plan.input_unit
+    assert fits(model, crop_h, crop_w, 1, budget)
+    assert not fits(model, crop_h, crop_w + unit, 1, budget)
+    assert math.isclose(crop_w / crop_h, 2, rel_tol=0.25)  # about the input's aspect
+
+
+def test_free_gpu_memory_record_matches_this_paddle():
+    """19: fails once paddle.cuda.mem_get_info exists where the record says not, or is gone
+    where it says it is there."""
+    has_api = hasattr(getattr(paddle, 'cuda', None), 'mem_get_info')
+    assert has_api == (not compat.FREE_GPU_MEMORY.needed())
