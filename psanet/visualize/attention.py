@@ -330,8 +330,8 @@ def _legend(width, classes, palette, names):
     x, row, shown = 4, 0, 0
     for cls in classes:
         name = _name(names, cls)
-        text_width = text_width(name, 0.45)
-        if x + 18 + text_width > width - 4:
+        name_width = text_width(name, 0.45)
+        if x + 18 + name_width > width - 4:
             x, row = 4, row + 1
         if row == 3:
             break
@@ -340,7 +340,7 @@ def _legend(width, classes, palette, names):
                       -1)
         cv2.rectangle(band, (x, top + 2), (x + 14, top + 16), GREY, 1)
         cv2.putText(band, name, (x + 18, top + 15), FONT, 0.45, BLACK, 1, cv2.LINE_AA)
-        x += 18 + text_width + 12
+        x += 18 + name_width + 12
         shown += 1
     return band[:4 + (row + 1) * 22 + 2] if shown else band[:0]
 

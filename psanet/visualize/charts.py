@@ -103,9 +103,9 @@ def _blues(values):
 
 def _vertical_text(text, scale, colour=BLACK):
     """``text`` drawn bottom to top, on white."""
-    (text_width, text_height), base = cv2.getTextSize(text, FONT, scale, 1)
-    band = np.full((text_height + base + 4, text_width + 4, 3), 255, np.uint8)
-    cv2.putText(band, text, (2, text_height + 2), FONT, scale, colour, 1, cv2.LINE_AA)
+    (width, height), base = cv2.getTextSize(text, FONT, scale, 1)
+    band = np.full((height + base + 4, width + 4, 3), 255, np.uint8)
+    cv2.putText(band, text, (2, height + 2), FONT, scale, colour, 1, cv2.LINE_AA)
     return cv2.rotate(band, cv2.ROTATE_90_COUNTERCLOCKWISE)
 
 
