@@ -42,6 +42,12 @@ def _as_list(images):
     return items, single
 
 
+def _checked_batch_size(batch_size):
+    if int(batch_size) < 1:
+        raise DeployError(f'batch_size must be >= 1, got {batch_size}.')
+    return int(batch_size)
+
+
 def _usable_cpus():
     if hasattr(os, 'sched_getaffinity'):
         return len(os.sched_getaffinity(0))
@@ -68,10 +74,8 @@ class Segmenter:
 
     def __init__(self, runner, transforms, output_op='none', batch_size=1, backend=None,
                  deploy=None):
-        if int(batch_size) < 1:
-            raise DeployError(f'batch_size must be >= 1, got {batch_size}.')
         self.runner, self.transforms, self.output_op = runner, transforms, output_op
-        self.batch_size = int(batch_size)
+        self.batch_size = _checked_batch_size(batch_size)
         self.backend, self.deploy = backend, deploy
 
     @classmethod
@@ -105,8 +109,7 @@ class Segmenter:
         (:class:`psanet.deploy.predictor.PredictorOptions`: TensorRT, precision, ...), as
         deploy/python/infer.py runs it; ``backend`` None picks as ``from_export`` does."""
         options = options or PredictorOptions()
-        if int(batch_size) < 1:  # before a runner is made
-            raise DeployError(f'batch_size must be >= 1, got {batch_size}.')
+        _checked_batch_size(batch_size)  # before a runner is made
         transforms = deploy.build_transforms()
         backend = backend or default_runtime(deploy, options.device, int8)
         runner = create_runner(deploy, backend, options, int8)
