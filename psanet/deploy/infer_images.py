@@ -11,8 +11,8 @@ run ends with ``UnreadableImagesError`` naming the skipped ones.
 import os
 
 from psanet import interrupts
-from psanet.contract import check_outputs, check_save_dir, color_map, get_image_list, read_images
-from psanet.contract import save_prediction
+from psanet.contract import (check_outputs, check_save_dir, color_map, get_image_list, read_images,
+                             save_prediction)
 from psanet.errors import DeployError, UnreadableImagesError
 from psanet.log import get_logger
 
