@@ -1,10 +1,12 @@
 """predict.py / val.py inference under bad inputs: an image too large for the memory, a
---save_dir that is a file, unreadable images among good ones, the psa_mask op's
-own explanation of a failed allocation, and list files and folders whose outputs would
-land outside --save_dir, over an input or over each other."""
+--save_dir that is a file, unreadable images among good ones (the last one too), the psa_mask
+op's own explanation of a failed allocation, and list files and folders whose outputs would
+land outside --save_dir, over an input or over each other; a SIGTERM stopping predict.py
+after the image it is on, and each rank of a launched run predicting its own share."""
 import math
 import os
 import re
+import signal
 import sys
 
 import cv2
@@ -13,15 +15,17 @@ import paddle
 import pytest
 import yaml
 from paddleseg.models.backbones import ResNet18_vd
+from paddleseg.transforms import Normalize
 from PIL import Image
 
 from conftest import MINI_CONFIG, MINI_PSANET_RTOL, ROOT, autocast_state, run_process
 from disk_helpers import digests
 from engine_helpers import assert_saved_masks_agree, mini_psanet_for_eval
 from psanet.cli import run_cli
+from psanet.core import dist
 from psanet.core import inference as infer
 from psanet.core import memory
-from psanet.core.predict import predict_from_config
+from psanet.core.predict import DygraphRunner, predict, predict_from_config
 from psanet.core.val import evaluate_from_config
 from psanet.contract import check_outputs, get_image_list
 from psanet.errors import ConfigError, DatasetError, UnreadableImagesError
@@ -315,6 +319,58 @@ def test_unreadable_images_are_skipped_and_reported(mini, tmp_path, capsys):
         predict_from_config(MINI_CONFIG, weights, str(images), save_dir=str(tmp_path / 'again'),
                             device='cpu')
     assert caught.value.unreadable == bad and len(caught.value.written) == 3
+
+
+def test_the_bar_ends_full_when_the_last_image_cannot_be_read(mini, tmp_path, capsys):
+    _, weights, _ = mini
+    images = tmp_path / 'images'
+    images.mkdir()
+    write_image(images / 'a.png', (96, 64))
+    (images / 'z.png').write_bytes(b'not an image')
+    code, err = _cli(capsys, MINI_CONFIG, weights, str(images), save_dir=str(tmp_path / 'out'))
+    assert code == 2
+    bars = err.replace('\b', '').replace('\r', '\n')
+    assert re.search(r'^2/2 \[=+\] - \d+s', bars, re.M), repr(err)
+
+
+def test_sigterm_stops_predict_after_the_image_it_is_on(mini, tmp_path, capsys, monkeypatch):
+    model, weights, _ = mini
+    images = tmp_path / 'images'
+    images.mkdir()
+    paths = [write_image(images / f'{name}.png', (96, 64), seed) for seed, name in
+             enumerate('abc')]
+    runs = []
+    real = DygraphRunner.run
+
+    def run(self, batch):  # the signal arrives while the first image runs
+        if not runs:
+            os.kill(os.getpid(), signal.SIGTERM)
+        runs.append(len(batch))
+        return real(self, batch)
+
+    monkeypatch.setattr(DygraphRunner, 'run', run)
+    out = tmp_path / 'out'
+    code, err = _cli(capsys, MINI_CONFIG, weights, str(images), save_dir=str(out))
+    assert code == 143 and runs == [1]
+    assert err.strip().splitlines()[-1].startswith('error: stopped by SIGTERM')
+    assert sorted(os.listdir(out / 'pseudo_color_prediction')) == ['a.png']
+    assert sorted(os.listdir(out / 'added_prediction')) == ['a.png']
+    assert_saved_masks_agree(out, paths[:1], model, MINI_PSANET_RTOL)
+
+
+def test_each_rank_predicts_its_share(mini, tmp_path, monkeypatch):
+    model = mini[0]
+    images = tmp_path / 'images'
+    images.mkdir()
+    paths = [write_image(images / f'{name}.png', (96, 64), seed) for seed, name in
+             enumerate('abcde')]
+    monkeypatch.setattr(dist, 'world_size', lambda: 2)
+    monkeypatch.setattr(dist, 'rank', lambda: 1)
+    out = tmp_path / 'out'
+    written = predict(model, [Normalize()], get_image_list(str(images)), str(out))
+    assert [os.path.basename(p) for p, _ in written] == ['b.png', 'd.png']
+    assert sorted(os.listdir(out / 'pseudo_color_prediction')) == ['b.png', 'd.png']
+    assert_saved_masks_agree(out, [paths[1], paths[3]], model, MINI_PSANET_RTOL)
 
 
 def test_predict_checks_the_inference_flags(mini, tmp_path, capsys):

@@ -1,26 +1,27 @@
 """The Python API (psanet.Segmenter): a checkpoint and an export in every installed runtime
-against the dygraph model, batching over images of two sizes, logits at the image's size,
-the default runtime, and its one-line errors (bad images, a runtime not installed)."""
-import importlib.util
+against the dygraph model, the checkpoint run as the dygraph model itself (whole, flipped
+and averaged, in windows) against the model's own outputs computed here, batching over
+images of two sizes, logits and labels at the image's size after a resize, the default
+runtime, and its one-line errors (bad images, a runtime not installed, options of the other
+route)."""
 import os
 
 import cv2
 import numpy as np
 import paddle
+import paddle.nn.functional as F
 import pytest
 
 from psanet import Segmenter
 from psanet.deploy import runtimes
 from psanet.deploy.processing import restore_logits
 from psanet.errors import DeployError
-from conftest import (MINI_CONFIG, MINI_PSANET_RTOL, assert_logits_agree, infer_in_process,
-                      onnx_tools_missing)
-from engine_helpers import assert_saved_masks_agree, dygraph_logits, mini_psanet_for_eval
+from conftest import (MINI_CONFIG, MINI_PSANET_RTOL, assert_logits_agree, clear_margin_pixels,
+                      infer_in_process, needs_onnx, onnx_tools_missing)
+from engine_helpers import (assert_saved_masks_agree, dygraph_logits, mini_psanet_for_eval,
+                            slide_reference)
 
 SIZES = [(96, 64), (96, 64), (64, 48)]  # width, height: two of one size, then another
-needs_onnx = pytest.mark.skipif(
-    not all(importlib.util.find_spec(name) for name in ('paddle2onnx', 'onnxruntime')),
-    reason='paddle2onnx and onnxruntime are not installed (no Python 3.13 wheels yet)')
 
 
 def _runtime_param(runtime):
@@ -37,8 +38,8 @@ RUNTIMES = [_runtime_param(r) for r in runtimes.RUNTIMES]
 
 
 @pytest.fixture(scope='module')
-def checkpoint(tmp_path_factory):
-    """(model, Segmenter.from_config of its weights, the export it made, image paths)."""
+def trained(tmp_path_factory):
+    """(model, its weights file, image paths, a folder for more)."""
     root = tmp_path_factory.mktemp('segmenter')
     model = mini_psanet_for_eval(seed=1)
     weights = str(root / 'model.pdparams')
@@ -50,6 +51,13 @@ def checkpoint(tmp_path_factory):
         small = rng.randint(0, 256, (4, 6, 3)).astype('uint8')
         cv2.imwrite(path, cv2.resize(small, size, interpolation=cv2.INTER_CUBIC))
         paths.append(path)
+    return model, weights, paths, root
+
+
+@pytest.fixture(scope='module')
+def checkpoint(trained):
+    """(model, Segmenter.from_config of its weights, the export it made, image paths)."""
+    model, weights, paths, root = trained
     paddle.seed(123)  # the model from_config builds starts from other weights
     seg = Segmenter.from_config(MINI_CONFIG, weights, save_dir=str(root / 'export'),
                                 cpu_threads=1, batch_size=2)
@@ -175,6 +183,81 @@ def test_bad_options_are_refused(checkpoint, monkeypatch):
         Segmenter.from_export(export, backend='paddle', batch_size=0)
     with pytest.raises(DeployError, match='backend must be one of'):
         Segmenter.from_export(export, backend='tensorrt')
-    monkeypatch.setitem(seg.deploy.dic, 'output_op', 'argmax')
+    monkeypatch.setattr(seg, 'output_op', 'argmax')
     with pytest.raises(DeployError, match='--output_op none'):
         seg.logits(checkpoint[3][0])
+
+
+# --- The checkpoint as the dygraph model (predict.py's route) ----------------------------
+
+def _normalized(image_bgr):
+    """[1, 3, H, W]: the val Normalize of the mini config, written out in numpy."""
+    rgb = image_bgr[:, :, ::-1].astype('float32')
+    return np.ascontiguousarray(((rgb / 255.0 - 0.5) / 0.5).transpose(2, 0, 1)[None])
+
+
+def _model_logits(model, x):
+    with paddle.no_grad():
+        return model(paddle.to_tensor(np.ascontiguousarray(x)))[0].numpy()
+
+
+def _flip_mean(model, x):
+    return (_model_logits(model, x) + _model_logits(model, x[..., ::-1])[..., ::-1]) / 2
+
+
+CROP, STRIDE = (48, 32), (32, 24)  # 2 x 2 overlapping windows of a 64x48 image, 3 x 3 of 96x64
+DYGRAPH_CASES = {
+    'whole': (None, _model_logits),
+    'flips': ({'aug_eval': True, 'flip_horizontal': True}, _flip_mean),
+    'windows': ({'is_slide': True, 'crop_size': list(CROP), 'stride': list(STRIDE)},
+                lambda model, x: slide_reference(lambda w: _model_logits(model, w), x,
+                                                 CROP, STRIDE)),
+}
+
+
+@pytest.mark.parametrize('case', sorted(DYGRAPH_CASES))
+def test_from_config_dygraph_gives_the_models_own_classes_and_logits(trained, case):
+    model, weights, paths, _ = trained
+    inference, reference = DYGRAPH_CASES[case]
+    paddle.seed(123)  # the model from_config builds starts from other weights
+    seg = Segmenter.from_config(MINI_CONFIG, weights, backend='dygraph', inference=inference,
+                                batch_size=2)
+    assert seg.backend == 'dygraph' and seg.deploy is None
+    labels, logits = seg(paths), seg.logits(paths)
+    for path, label, logit in zip(paths, labels, logits):
+        x = _normalized(cv2.imread(path))
+        want = reference(model, x)[0]
+        if case != 'whole':  # the options change the classes: a run without them fails
+            plain = _model_logits(model, x)[0]
+            atol = MINI_PSANET_RTOL * np.abs(want).max()
+            assert ((want.argmax(0) != plain.argmax(0)) &
+                    clear_margin_pixels(want, atol, class_axis=0)).any(), path
+        assert label.shape == want.shape[1:] and label.dtype == np.uint8
+        assert_logits_agree(label, want, MINI_PSANET_RTOL, f'{case} {path}', class_axis=0)
+        assert_logits_agree(logit, want, MINI_PSANET_RTOL, f'{case} logits', class_axis=0)
+
+
+def test_a_resize_in_the_transforms_is_undone_on_the_logits_like_paddleseg(trained):
+    """The labels are the argmax of the logits resized back (paddleseg's reverse_transform,
+    bilinear), as predict.py's were; not the class map resized back (nearest)."""
+    from paddleseg.transforms import Compose, Normalize, Resize
+    from psanet.core.predict import DygraphRunner
+    model, _, paths, _ = trained
+    seg = Segmenter(DygraphRunner(model), Compose([Resize(target_size=(40, 24)), Normalize()]))
+    for path in paths:
+        image = cv2.imread(path)
+        small = cv2.resize(image.astype('float32'), (40, 24), interpolation=cv2.INTER_LINEAR)
+        logit = F.interpolate(paddle.to_tensor(_model_logits(model, _normalized(small))),
+                              image.shape[:2], mode='bilinear', align_corners=False)
+        want = logit.numpy()[0]
+        assert_logits_agree(seg(path), want, MINI_PSANET_RTOL, path, class_axis=0)
+        assert_logits_agree(seg.logits(path), want, MINI_PSANET_RTOL, path, class_axis=0)
+
+
+def test_each_route_refuses_the_options_of_the_other(trained):
+    _, weights, _, _ = trained
+    with pytest.raises(DeployError, match='cpu_threads, int8: options of an export; '
+                       'backend="dygraph" takes device and batch_size'):
+        Segmenter.from_config(MINI_CONFIG, weights, backend='dygraph', cpu_threads=2, int8=True)
+    with pytest.raises(DeployError, match='pass backend="dygraph"'):
+        Segmenter.from_config(MINI_CONFIG, weights, inference={'aug_eval': True})

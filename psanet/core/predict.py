@@ -1,9 +1,13 @@
-"""Prediction on image files: colour-coded masks and overlays, like PaddleSeg's predict.py.
+"""Prediction on image files with the dygraph model: colour-coded masks and overlays, like
+PaddleSeg's predict.py.
 
 For every input image it writes, keeping the image's path relative to
 ``--image_path`` (a folder, a list file, or the file name of a single image),
 the pseudo-colour PNG and the overlay of :func:`psanet.contract.save_prediction`
-(Cityscapes colours for the 19 Cityscapes classes).
+(Cityscapes colours for the 19 Cityscapes classes). The model runs as a
+:class:`DygraphRunner` inside the API's :class:`psanet.deploy.segmenter.Segmenter`
+(the one preprocessing and postprocessing), over the files of
+:func:`psanet.deploy.infer_images.segment_files`, the loop deploy/python/infer.py runs.
 
 An image that cannot be read is reported and skipped; the others are still
 predicted, and the run ends with :class:`~psanet.errors.UnreadableImagesError`
@@ -11,23 +15,78 @@ naming the skipped ones.
 """
 import os
 
-import cv2
-import numpy as np
 import paddle
 from paddleseg.transforms import Compose
 
 from psanet.contract import (check_outputs, check_save_dir, color_map, get_image_list,
-                             palette_for, read_images, save_prediction)
-from psanet import interrupts
+                             palette_for)
 from psanet.core import dist, inference
 from psanet.core.checkpoint import load_model_weights, resolve_weights_path
 from psanet.core.config import ComponentBuilder, load_config
-from psanet.core.runtime import progress_bar, set_device
+from psanet.core.runtime import autocast, progress_bar, set_device
 from psanet.core.options import InferenceOptions
+from psanet.deploy.infer_images import segment_files
+from psanet.deploy.segmenter import Segmenter
 from psanet.errors import UnreadableImagesError
 from psanet.log import get_logger
 
-__all__ = ['predict', 'predict_from_config']
+__all__ = ['DygraphRunner', 'load_model', 'dygraph_runner', 'predict', 'predict_from_config']
+
+
+class DygraphRunner:
+    """The dygraph model as a :class:`~psanet.deploy.segmenter.Segmenter` runner.
+
+    ``run(batch)`` gives float32 ``[N, C, H, W]`` logits at the batch's size (mean
+    probabilities with ``aug_combine='softmax'``) from :func:`psanet.core.inference.inference`:
+    the whole image or sliding windows, averaged over scales and flips as ``options``
+    say, the attention memory checked before the model runs, fp16 autocast on a GPU.
+
+    Args:
+        model (paddle.nn.Layer): The model with its weights loaded; put in eval mode.
+        options (InferenceOptions, optional): Default: the whole image, once, fp32.
+    """
+
+    def __init__(self, model, options=None):
+        self.model = model
+        self.options = options or InferenceOptions()
+        model.eval()
+
+    def run(self, batch):
+        with paddle.no_grad(), autocast(self.options.precision, self.options.amp_level):
+            score = inference.inference(self.model, paddle.to_tensor(batch), None, self.options)
+        return score.numpy().astype('float32', copy=False)
+
+
+def load_model(cfg, model_path, logger=None):
+    """``(model, builder)``: the config's model with the weights of ``model_path`` loaded,
+    and the :class:`~psanet.core.config.ComponentBuilder` that built it."""
+    builder = ComponentBuilder(cfg, weights_follow=True)
+    model = builder.model
+    path = load_model_weights(model, model_path)
+    (logger or get_logger()).info(f'Loaded weights {path}')
+    return model, builder
+
+
+def dygraph_runner(config, model_path, inference_options=None, device=None):
+    """``(DygraphRunner, val transforms)`` of a checkpoint, for ``psanet.Segmenter.from_config``
+    with ``backend='dygraph'``.
+
+    Args:
+        config (str): The training config.
+        model_path (str): model.pdparams or a checkpoint folder.
+        inference_options (InferenceOptions|dict, optional): How each batch is inferred; a
+            dict of InferenceOptions fields goes over the config's test_config, as
+            predict.py's flags do. Default: the config's test_config.
+        device (str, optional): 'cpu' or 'gpu'; None: the GPU when Paddle sees one.
+    """
+    set_device(device)
+    resolve_weights_path(model_path)  # a wrong path fails before any building
+    cfg = load_config(config)
+    options = inference_options
+    if not isinstance(options, InferenceOptions):
+        options = InferenceOptions.from_flags(dict(options or {}), cfg.dic.get('test_config'))
+    model, builder = load_model(cfg, model_path)
+    return DygraphRunner(model, options), Compose(list(builder.val_transforms))
 
 
 def predict(model, transforms, image_list, save_dir='output/result', options=None, colors=None,
@@ -57,29 +116,16 @@ def predict(model, transforms, image_list, save_dir='output/result', options=Non
     logger = logger or get_logger()
     check_save_dir(save_dir)
     check_outputs(image_list, save_dir)
-    options = options or InferenceOptions()
     colors = colors or color_map(19, cityscapes=True)
-    compose = Compose(list(transforms))
-    model.eval()
+    segmenter = Segmenter(DygraphRunner(model, options), Compose(list(transforms)),
+                          backend='dygraph')
     mine = image_list[dist.rank()::dist.world_size()]
-    written, unreadable = [], []
     logger.info(f'Predicting {len(image_list)} images into {save_dir} ...')
     # PaddleSeg's predict shows this bar; only rank 0 updates it.
-    with paddle.no_grad(), progress_bar(len(mine)) as bar:
-        for image, relative in read_images(mine, unreadable, logger):
-            interrupts.raise_if_requested()
-            data = compose({'img': image.astype('float32'), 'trans_info': []})
-            tensor = paddle.to_tensor(data['img'][np.newaxis])
-            score = inference.inference(model, tensor, data['trans_info'], options)
-            pred = paddle.argmax(score, axis=1).numpy()[0].astype('uint8')
-            if pred.shape != image.shape[:2]:
-                pred = cv2.resize(pred, (image.shape[1], image.shape[0]),
-                                  interpolation=cv2.INTER_NEAREST)
-            written.append(save_prediction(pred, image, relative, save_dir, colors))
-            if bar is not None and dist.rank() == 0:
-                bar.update(len(written) + len(unreadable))
-        if bar is not None and dist.rank() == 0 and len(written) + len(unreadable) < len(mine):
-            bar.update(len(mine))  # the last images could not be read
+    with progress_bar(len(mine)) as bar:
+        update = bar.update if bar is not None and dist.rank() == 0 else None
+        written, unreadable = segment_files(segmenter, mine, save_dir, colors, logger,
+                                            on_progress=update)
     logger.info(f'Predicted images are saved in {os.path.join(save_dir, "added_prediction")} '
                 f'and {os.path.join(save_dir, "pseudo_color_prediction")} .')
     if unreadable:
@@ -114,10 +160,7 @@ def predict_from_config(config, model_path, image_path, save_dir='output/result'
     options = InferenceOptions.from_flags(flags, cfg.dic.get('test_config'), '--aug_pred')
     image_list = get_image_list(image_path)
     check_outputs(image_list, save_dir)
-    builder = ComponentBuilder(cfg, weights_follow=True)
-    model = builder.model
-    path = load_model_weights(model, model_path)
-    logger.info(f'Loaded weights {path}')
+    model, builder = load_model(cfg, model_path, logger)
     val_class = builder.val_dataset_class if cfg.val_dataset_cfg else None
     colors = color_map(getattr(model, 'num_classes', None), custom_color,
                        cityscapes=palette_for(val_class) == 'cityscapes')

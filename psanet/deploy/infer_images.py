@@ -1,8 +1,9 @@
-"""The work of ``deploy/python/infer.py``: an exported model over image files.
+"""A :class:`~psanet.deploy.segmenter.Segmenter` over image files: the loop of
+deploy/python/infer.py (``infer``, an export) and of predict.py (the dygraph model).
 
-Writes what ``predict.py`` writes (:func:`psanet.contract.save_prediction`:
-``<save_dir>/pseudo_color_prediction/<rel>.png`` and
-``<save_dir>/added_prediction/<rel>``), and with ``benchmark=True`` prints the
+Both write :func:`psanet.contract.save_prediction`'s two outputs
+(``<save_dir>/pseudo_color_prediction/<rel>.png`` and
+``<save_dir>/added_prediction/<rel>``); ``infer(benchmark=True)`` prints the
 preprocess / inference / postprocess time per image as a table. An image that
 cannot be read is reported and skipped; the others are still written, and the
 run ends with ``UnreadableImagesError`` naming the skipped ones.
@@ -17,11 +18,11 @@ from psanet.log import get_logger
 
 from .config import DeployConfig
 from .predictor import PredictorOptions
-from .processing import postprocess, preprocess
-from .runtimes import RUNTIMES, create_runner
+from .runtimes import RUNTIMES
+from .segmenter import Segmenter
 from .timing import StageTimer, format_table
 
-__all__ = ['infer']
+__all__ = ['segment_files', 'infer']
 
 # Benchmark: untimed runs of the first batch first, so that one-time work
 # (oneDNN primitive creation, allocator growth) is not counted.
@@ -48,6 +49,61 @@ def _readable_batches(images, batch_size, unreadable, logger, timer):
             batch = []
     if batch:
         yield batch
+
+
+def segment_files(segmenter, images, save_dir, colors, logger=None, timer=None, warmup_runs=0,
+                  on_progress=None):
+    """Segments image files, ``segmenter.batch_size`` a run, and writes both outputs of each.
+
+    A stop requested by a signal (:mod:`psanet.interrupts`) ends the loop before the
+    next batch. The caller checks ``save_dir`` and the outputs before any work, and
+    raises ``UnreadableImagesError`` for the images that could not be read.
+
+    Args:
+        segmenter (Segmenter): The model (an export's runner or the dygraph one).
+        images (list): ``(image path, relative output path)`` from
+            :func:`psanet.contract.get_image_list`.
+        save_dir (str): Output root.
+        colors (list): Flat palette from :func:`psanet.contract.color_map`.
+        logger (logging.Logger, optional): Default: the 'psanet' logger.
+        timer (StageTimer, optional): Times each batch's stages. Default: a new one.
+        warmup_runs (int, optional): Untimed runs of the first batch first. Default: 0.
+        on_progress (callable, optional): Called with the number of images done (written
+            or skipped) after each batch. Default: None.
+
+    Returns:
+        tuple: ``(written, unreadable)``: the ``(pseudo colour, overlay)`` paths written,
+        and the paths that could not be read.
+    """
+    logger = logger or get_logger()
+    timer = timer or StageTimer()
+    written, unreadable, reported = [], [], 0
+    batches = _readable_batches(images, segmenter.batch_size, unreadable, logger, timer)
+    for number, chunk in enumerate(batches):
+        interrupts.raise_if_requested()
+        originals = [image for image, _ in chunk]
+        names = [relative for _, relative in chunk]
+        for _ in range(warmup_runs if number == 0 else 0):
+            batch, infos = segmenter.preprocess(originals, names)
+            segmenter.postprocess(segmenter.run(batch), infos)
+        with timer.stage('preprocess'):
+            batch, infos = segmenter.preprocess(originals, names)
+        with timer.stage('inference'):
+            output = segmenter.run(batch)
+        with timer.stage('postprocess'):
+            labels = segmenter.postprocess(output, infos)
+        timer.end_batch(len(chunk))
+        for label, (image, relative) in zip(labels, chunk):
+            written.append(save_prediction(label, image, relative, save_dir, colors))
+        reported = _report(on_progress, len(written) + len(unreadable), reported)
+    _report(on_progress, len(written) + len(unreadable), reported)  # unreadable last images
+    return written, unreadable
+
+
+def _report(on_progress, done, reported):
+    if on_progress is not None and done != reported:
+        on_progress(done)
+    return done
 
 
 def infer(config, image_path, save_dir='./output', batch_size=1, benchmark=False, model_name='',
@@ -83,7 +139,6 @@ def infer(config, image_path, save_dir='./output', batch_size=1, benchmark=False
     deploy = DeployConfig(config)
     images = get_image_list(image_path)
     check_outputs(images, save_dir)
-    transforms = deploy.build_transforms()
     backend = predictor_flags.pop('backend', None) or 'paddle'
     if backend not in RUNTIMES:
         raise DeployError(f'--backend must be one of {RUNTIMES}, got {backend!r}.')
@@ -91,7 +146,7 @@ def infer(config, image_path, save_dir='./output', batch_size=1, benchmark=False
     if int8:
         predictor_flags['precision'] = 'fp32'  # PredictorOptions describes Paddle's precision
     options = PredictorOptions(**predictor_flags)
-    runner = create_runner(deploy, backend, options, int8=int8)
+    segmenter = Segmenter.from_deploy(deploy, backend, options, int8, batch_size)
     onednn = 'on' if options.enable_mkldnn else 'off'
     engine = f'Paddle Inference, oneDNN {onednn}' if backend == 'paddle' else backend
     precision = 'int8' if int8 else options.precision
@@ -101,25 +156,8 @@ def infer(config, image_path, save_dir='./output', batch_size=1, benchmark=False
                 f'({engine}, batch size {batch_size}) ...')
     colors = color_map(deploy.num_classes, cityscapes=deploy.palette == 'cityscapes')
     timer = StageTimer()
-    written, unreadable = [], []
-    for number, chunk in enumerate(_readable_batches(images, int(batch_size), unreadable,
-                                                     logger, timer)):
-        interrupts.raise_if_requested()
-        originals = [image for image, _ in chunk]
-        names = [relative for _, relative in chunk]
-        if benchmark and number == 0:
-            for _ in range(WARMUP_RUNS):
-                batch, infos, _ = preprocess(originals, transforms, names)
-                postprocess(runner.run(batch), deploy.output_op, infos)
-        with timer.stage('preprocess'):
-            batch, infos, _ = preprocess(originals, transforms, names)
-        with timer.stage('inference'):
-            output = runner.run(batch)
-        with timer.stage('postprocess'):
-            labels = postprocess(output, deploy.output_op, infos)
-        timer.end_batch(len(chunk))
-        for label, (image, relative) in zip(labels, chunk):
-            written.append(save_prediction(label, image, relative, save_dir, colors))
+    written, unreadable = segment_files(segmenter, images, save_dir, colors, logger, timer,
+                                        WARMUP_RUNS if benchmark else 0)
     logger.info(f'Results are saved in {os.path.join(save_dir, "pseudo_color_prediction")} '
                 f'and {os.path.join(save_dir, "added_prediction")} .')
     times = timer.summary()

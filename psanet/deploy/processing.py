@@ -1,4 +1,5 @@
-"""Pre- and post-processing around an exported model: images in, label maps out."""
+"""Pre- and post-processing around a segmentation model (an export, or the dygraph model):
+images in, label maps or scores at the image size out."""
 import cv2
 import numpy as np
 
@@ -42,15 +43,21 @@ def preprocess(image_paths, transforms, names=None):
     return np.ascontiguousarray(np.stack(inputs), dtype='float32'), infos, images
 
 
-def postprocess(output, output_op, trans_infos=None):
+def postprocess(output, output_op, trans_infos=None, sizes=None):
     """Turns the model output into one uint8 label map per image.
 
+    Scores are mapped back to the image first (:func:`restore_logits`) and their argmax
+    taken there, as paddleseg's dygraph prediction does; class ids are mapped back by
+    nearest neighbour (:func:`restore_label_map`).
+
     Args:
-        output (np.ndarray): The exported model's output, as PaddleSeg's export gives it:
+        output (np.ndarray): The model output, as PaddleSeg's export gives it:
             int ``[N, H, W]`` class ids (``output_op='argmax'``), or float ``[N, C, H, W]``
             ('softmax' or 'none').
-        output_op (str): What the exported graph ends with.
+        output_op (str): What the model ends with.
         trans_infos (list, optional): From ``preprocess``; shape changes to undo.
+        sizes (list, optional): Each image's ``(height, width)``; a map that undoing the
+            recorded transforms leaves at another size is resized to it.
 
     Returns:
         list[np.ndarray]: uint8 ``[H, W]`` label maps at each input image's size.
@@ -64,17 +71,18 @@ def postprocess(output, output_op, trans_infos=None):
         raise DeployError(f'an export with output_op {output_op} gives {layout}, got shape '
                           f'{list(output.shape)}: deploy.yaml does not describe this model; '
                           'export it again with export.py.')
-    labels = output if output_op == 'argmax' else np.argmax(output, axis=1)
-    labels = labels.astype('uint8')
-    trans_infos = trans_infos or [[] for _ in range(len(labels))]
-    return [restore_label_map(label, info) for label, info in zip(labels, trans_infos)]
+    trans_infos = trans_infos or [[] for _ in range(len(output))]
+    sizes = sizes or [None] * len(output)
+    if output_op == 'argmax':
+        return [restore_label_map(label.astype('uint8'), info, size)
+                for label, info, size in zip(output, trans_infos, sizes)]
+    return [np.argmax(restore_logits(score, info, size), axis=0).astype('uint8')
+            for score, info, size in zip(output, trans_infos, sizes)]
 
 
-def restore_label_map(label, trans_info):
-    """Undoes the transforms' resizes and paddings on a label map (nearest neighbour).
-
-    Mirrors paddleseg's ``reverse_transform``, which does the same on logits.
-    """
+def restore_label_map(label, trans_info, size=None):
+    """Undoes the transforms' resizes and paddings on a label map (nearest neighbour), then
+    resizes it to ``size`` ``(height, width)`` where it is not that size yet."""
     for kind, (height, width) in reversed(trans_info):
         if kind == 'resize':
             label = cv2.resize(label, (int(width), int(height)),
@@ -83,20 +91,30 @@ def restore_label_map(label, trans_info):
             label = label[:int(height), :int(width)]
         else:
             raise DeployError(f'cannot undo the transform step {kind!r}.')
+    if size is not None and label.shape != tuple(size):
+        label = cv2.resize(label, (int(size[1]), int(size[0])), interpolation=cv2.INTER_NEAREST)
     return label
 
 
-def restore_logits(logit, trans_info):
+def restore_logits(logit, trans_info, size=None):
     """Undoes the transforms' resizes and paddings on a ``[C, H, W]`` float map (bilinear),
-    as paddleseg's ``reverse_transform`` does on logits."""
+    as paddleseg's ``reverse_transform`` does on logits, then resizes it to ``size``
+    ``(height, width)`` where it is not that size yet."""
+    if not trans_info and (size is None or tuple(logit.shape[1:]) == tuple(size)):
+        return logit
     hwc = np.ascontiguousarray(logit.transpose(1, 2, 0))
     for kind, (height, width) in reversed(trans_info):
         if kind == 'resize':
-            hwc = cv2.resize(hwc, (int(width), int(height)), interpolation=cv2.INTER_LINEAR)
-            if hwc.ndim == 2:  # OpenCV drops a single channel
-                hwc = hwc[:, :, np.newaxis]
+            hwc = _resize_scores(hwc, height, width)
         elif kind == 'padding':
             hwc = hwc[:int(height), :int(width)]
         else:
             raise DeployError(f'cannot undo the transform step {kind!r}.')
+    if size is not None and hwc.shape[:2] != tuple(size):
+        hwc = _resize_scores(hwc, *size)
     return np.ascontiguousarray(hwc.transpose(2, 0, 1))
+
+
+def _resize_scores(hwc, height, width):
+    hwc = cv2.resize(hwc, (int(width), int(height)), interpolation=cv2.INTER_LINEAR)
+    return hwc[:, :, np.newaxis] if hwc.ndim == 2 else hwc  # OpenCV drops a single channel

@@ -1,17 +1,15 @@
-"""The Python API: a trained PSANet as a function from images to label maps.
+"""A segmentation model as a function from images to label maps: the runtime half of the API.
 
-    from psanet import Segmenter
-    seg = Segmenter.from_export('output/inference_model')   # or .from_config(cfg, weights)
-    label = seg('image.png')                                 # path, BGR array, or a list
-
-It runs an export in Paddle Inference, onnxruntime or OpenVINO
-(:mod:`psanet.deploy.runtimes`) with the one preprocessing and postprocessing of
-:mod:`psanet.deploy.processing`; ``deploy/python/infer.py`` and ``predict.py``
-run the same code.
+:class:`Segmenter` reads images (paths or BGR arrays), applies the val
+transforms, runs a runner (anything with ``run(batch) -> output``) on batches of
+one size, and maps the output back to each image (:mod:`.processing`).
+``Segmenter.from_export`` runs an export in Paddle Inference, onnxruntime or
+OpenVINO (:mod:`.runtimes`); the build side plugs the dygraph model into the
+same class (``psanet.core.predict.DygraphRunner``, and ``psanet.Segmenter``,
+whose ``from_config`` takes a checkpoint). predict.py, deploy/python/infer.py
+and the API all run these stages.
 """
-import importlib
 import os
-import tempfile
 
 import numpy as np
 
@@ -44,6 +42,12 @@ def _as_list(images):
     return items, single
 
 
+def _checked_batch_size(batch_size):
+    if int(batch_size) < 1:
+        raise DeployError(f'batch_size must be >= 1, got {batch_size}.')
+    return int(batch_size)
+
+
 def _usable_cpus():
     if hasattr(os, 'sched_getaffinity'):
         return len(os.sched_getaffinity(0))
@@ -51,78 +55,70 @@ def _usable_cpus():
 
 
 class Segmenter:
-    """An exported PSANet in one runtime: ``seg(images)`` -> label maps, ``seg.logits(images)``.
+    """A model as a function: ``seg(images)`` -> label maps, ``seg.logits(images)`` -> scores.
 
     Args:
-        deploy (DeployConfig|str): The export (its deploy.yaml or folder).
-        backend (str, optional): The runtime: 'paddle' (Paddle Inference), 'onnxruntime' or
-            'openvino'. Default: the
-            fastest installed one that runs the export on ``device``
-            (:func:`psanet.deploy.runtimes.default_runtime`).
-        device (str, optional): 'cpu' or 'gpu'. Default: 'cpu'.
-        cpu_threads (int, optional): Threads of the runtime on the CPU. Default: the
-            CPUs this process may use.
+        runner: Runs a float32 ``[N, 3, H, W]`` batch: ``runner.run(batch)`` returns the
+            model output for it (an export's runner, :mod:`psanet.deploy.runtimes`, or
+            the dygraph model's, ``psanet.core.predict.DygraphRunner``).
+        transforms (paddleseg.transforms.Compose): The val transforms.
+        output_op (str, optional): What ``run`` returns: 'none' (logits) or 'softmax'
+            (probabilities), float ``[N, C, H, W]``, or 'argmax' (class ids ``[N, H, W]``).
+            Default: 'none'.
         batch_size (int, optional): Images per run; consecutive images of one size after
             the transforms share a run. Default: 1.
-        enable_mkldnn (bool, optional): oneDNN in Paddle Inference on the CPU. Default: True.
-        int8 (bool, optional): Run the INT8 model the export holds (``export.py --quantize
-            int8``) on the CPU. Default: False.
+        backend (str, optional): What runs the model, for ``repr``: a runtime's name, or
+            'dygraph'. Default: None.
+        deploy (DeployConfig, optional): The export the runner runs, if any. Default: None.
     """
 
-    def __init__(self, deploy, backend=None, device='cpu', cpu_threads=None, batch_size=1,
-                 enable_mkldnn=True, int8=False):
-        self.deploy = deploy if isinstance(deploy, DeployConfig) else DeployConfig(deploy)
-        if int(batch_size) < 1:
-            raise DeployError(f'batch_size must be >= 1, got {batch_size}.')
-        self.batch_size = int(batch_size)
-        self.options = PredictorOptions(device=device, enable_mkldnn=bool(enable_mkldnn),
-                                        cpu_threads=cpu_threads or _usable_cpus())
-        if int8 and device != 'cpu':
-            raise DeployError('the INT8 model runs on the CPU; use device="cpu".')
-        self.int8 = bool(int8)
-        self.backend = backend or default_runtime(self.deploy, device, self.int8)
-        self.runner = create_runner(self.deploy, self.backend, self.options, self.int8)
-        self.transforms = self.deploy.build_transforms()
-        self._workdir = None
+    def __init__(self, runner, transforms, output_op='none', batch_size=1, backend=None,
+                 deploy=None):
+        self.runner, self.transforms, self.output_op = runner, transforms, output_op
+        self.batch_size = _checked_batch_size(batch_size)
+        self.backend, self.deploy = backend, deploy
 
     @classmethod
-    def from_export(cls, path, **options):
-        """The export in ``path`` (deploy.yaml or its folder); ``options`` as ``Segmenter``."""
-        return cls(path, **options)
-
-    @classmethod
-    def from_config(cls, config, weights, save_dir=None, **options):
-        """A trained checkpoint: exports it (logits out), then runs the export.
-
-        The export runs on the CPU, as export.py does (``paddle.set_device('cpu')``).
+    def from_export(cls, path, backend=None, device='cpu', cpu_threads=None, batch_size=1,
+                    enable_mkldnn=True, int8=False):
+        """The export in ``path`` (deploy.yaml or its folder) in one runtime.
 
         Args:
-            config (str): The training config.
-            weights (str): model.pdparams or a checkpoint folder.
-            save_dir (str, optional): Where the export goes. Default: a temporary folder,
-                removed with the Segmenter.
-            **options: As ``Segmenter``. ``backend='paddle'`` exports the custom op (the
-                fastest in Paddle Inference); otherwise the pure-Paddle op with model.onnx
-                when paddle2onnx is installed.
+            path (str): deploy.yaml or the folder holding it.
+            backend (str, optional): The runtime: 'paddle' (Paddle Inference), 'onnxruntime'
+                or 'openvino'. Default: the fastest installed one that runs the export on
+                ``device`` (:func:`psanet.deploy.runtimes.default_runtime`).
+            device (str, optional): 'cpu' or 'gpu'. Default: 'cpu'.
+            cpu_threads (int, optional): Threads of the runtime on the CPU. Default: the
+                CPUs this process may use.
+            batch_size (int, optional): As ``Segmenter``. Default: 1.
+            enable_mkldnn (bool, optional): oneDNN in Paddle Inference on the CPU.
+                Default: True.
+            int8 (bool, optional): Run the INT8 model the export holds (``export.py
+                --quantize int8``) on the CPU. Default: False.
         """
-        # The build side (config, model, export) loads here only, so that importing the
-        # runtime never loads it (tests/test_imports.py): looked up by name, not imported.
-        export = importlib.import_module('psanet.export')
-        workdir = None
-        if save_dir is None:
-            workdir = tempfile.TemporaryDirectory(prefix='psanet_segmenter_')
-            save_dir = os.path.join(workdir.name, 'export')
-        onnx = options.get('backend') != 'paddle' and export.onnx_tools_installed()
-        path = export.export_from_config(config, weights, save_dir, output_op='none',
-                                         psa_impl='paddle' if onnx else 'custom', onnx=onnx)
-        segmenter = cls(path, **options)
-        segmenter._workdir = workdir
-        return segmenter
+        if int8 and device != 'cpu':
+            raise DeployError('the INT8 model runs on the CPU; use device="cpu".')
+        options = PredictorOptions(device=device, enable_mkldnn=bool(enable_mkldnn),
+                                   cpu_threads=cpu_threads or _usable_cpus())
+        return cls.from_deploy(DeployConfig(path), backend, options, bool(int8), batch_size)
+
+    @classmethod
+    def from_deploy(cls, deploy, backend=None, options=None, int8=False, batch_size=1):
+        """The export ``deploy`` in ``backend`` with every runtime option
+        (:class:`psanet.deploy.predictor.PredictorOptions`: TensorRT, precision, ...), as
+        deploy/python/infer.py runs it; ``backend`` None picks as ``from_export`` does."""
+        options = options or PredictorOptions()
+        _checked_batch_size(batch_size)  # before a runner is made
+        transforms = deploy.build_transforms()
+        backend = backend or default_runtime(deploy, options.device, int8)
+        runner = create_runner(deploy, backend, options, int8)
+        return cls(runner, transforms, deploy.output_op, batch_size, backend, deploy)
 
     def __repr__(self):
-        return (f'Segmenter({self.deploy.dir!r}, backend={self.backend!r}, '
-                f'device={self.options.device!r}, cpu_threads={self.options.cpu_threads}, '
-                f'batch_size={self.batch_size}, int8={self.int8})')
+        source = self.deploy.dir if self.deploy is not None else type(self.runner).__name__
+        return (f'Segmenter({source!r}, backend={self.backend!r}, output_op='
+                f'{self.output_op!r}, batch_size={self.batch_size})')
 
     def __call__(self, images):
         """Label maps: one uint8 ``[H, W]`` array at each image's size (a list for a list).
@@ -133,32 +129,55 @@ class Segmenter:
         """
         items, single = _as_list(images)
         labels = []
-        for output, info in self._outputs(items):
-            labels.extend(postprocess(output, self.deploy.output_op, info))
+        for output, infos in self._outputs(items):
+            labels.extend(self.postprocess(output, infos))
         return labels[0] if single else labels
 
     def logits(self, images):
         """Scores: one float32 ``[C, H, W]`` array at each image's size (a list for a list):
-        logits for an export with ``--output_op none``, probabilities with ``softmax``."""
-        if self.deploy.output_op == 'argmax':
-            raise DeployError(f'{self.deploy.path} ends in argmax (class ids only); export with '
+        logits, or probabilities where the model ends in softmax."""
+        if self.output_op == 'argmax':
+            what = self.deploy.path if self.deploy is not None else 'this model'
+            raise DeployError(f'{what} ends in argmax (class ids only); export with '
                               '`--output_op none` for logits, or use Segmenter.from_config.')
         items, single = _as_list(images)
         scores = []
         for output, infos in self._outputs(items):
-            scores.extend(restore_logits(score, info) for score, info in zip(output, infos))
+            scores.extend(self.restore(output, infos))
         return scores[0] if single else scores
 
+    # The three stages, which infer.py times one by one.
+
+    def preprocess(self, images, names=None):
+        """``(batch, infos)`` of images (paths or BGR arrays) of one size after the
+        transforms: the float32 ``[N, 3, H, W]`` batch, and per image what
+        ``postprocess`` needs to map the output back to it."""
+        batch, trans_infos, read = preprocess(images, self.transforms, names)
+        return batch, [(info, image.shape[:2]) for info, image in zip(trans_infos, read)]
+
+    def run(self, batch):
+        """The runner's output for a preprocessed batch."""
+        return self.runner.run(batch)
+
+    def postprocess(self, output, infos):
+        """One uint8 label map per image at its size, from ``run``'s output."""
+        trans_infos, sizes = zip(*infos)
+        return postprocess(output, self.output_op, list(trans_infos), list(sizes))
+
+    def restore(self, output, infos):
+        """One float32 ``[C, H, W]`` score map per image at its size, from ``run``'s output."""
+        return [restore_logits(score, info, size) for score, (info, size) in zip(output, infos)]
+
     def _outputs(self, items):
-        """``(output, trans_infos)`` per run: consecutive images of one size, batch_size a run."""
+        """``(output, infos)`` per run: consecutive images of one size, batch_size a run."""
         names = [item if isinstance(item, str) else f'image {i}' for i, item in enumerate(items)]
         group, infos = [], []
         for item, name in zip(items, names):
-            batch, info, _ = preprocess([item], self.transforms, [name])
+            batch, info = self.preprocess([item], [name])
             if group and (len(group) == self.batch_size or group[0].shape != batch.shape):
-                yield self.runner.run(np.concatenate(group)), infos
+                yield self.run(np.concatenate(group)), infos
                 group, infos = [], []
             group.append(batch)
             infos.extend(info)
         if group:
-            yield self.runner.run(np.concatenate(group)), infos
+            yield self.run(np.concatenate(group)), infos
