@@ -227,7 +227,7 @@ void psa_mask_backward_cpu(const T* grad_y, T* grad_x, const psa_mask::Geometry&
       const int64_t i = unit / H - n * g.mask_h;
       const int64_t b = unit - unit / H * H;
       // The other end of the cells: row qh of the map, maybe off it.
-      const int64_t qh = b + psa_mask::row_shift(g, i);
+      const int64_t qh = psa_mask::target_row(g, b, i);
       T* out = grad_x + ((n * g.mask_h + i) * g.mask_w * H + b) * W;
       if (qh < 0 || qh >= H) {
         std::fill(row.begin(), row.end(), static_cast<T>(0));
