@@ -6,14 +6,15 @@ output of the same size once with ``paddle.full``. Prints a markdown table of
 medians and ratios.
 
     python bench/bench_psa_mask.py [--repeats 5] [--psa-type collect] [--budget-gib 20]
-                                   [--threads N]
+                                   [--threads N] [--impls custom paddle]
 
 Paddle and the op run on ``--threads`` CPU threads (default: all of them), set
 as a training script would, with ``paddle.base.core.set_num_threads``.
 
 A cell that would need more memory than the budget (or than the machine has
 free), or whose single call would run past ``--max-seconds``, is skipped with
-the reason printed under the table.
+the reason printed under the table. ``--impls custom`` times the custom op
+alone (a before/after comparison of the kernels needs no pure-Paddle cells).
 """
 import argparse
 import os
@@ -23,7 +24,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# psanet first: it keeps Paddle's "No ccache found" warning out of the output.
+# compat first: it filters Paddle's "No ccache found" warning before paddle is imported
+# (psanet/compat.py, 1); psanet.ops does not import compat.
+from psanet import compat  # noqa: E402,F401
 from psanet.ops import load_library, psa_mask, psa_mask_cpu_threads  # noqa: E402
 
 import paddle  # noqa: E402
@@ -47,6 +50,8 @@ def parse_args():
                         help='skip a measurement whose single call would take longer')
     parser.add_argument('--threads', type=int, default=os.cpu_count(),
                         help="Paddle's CPU threads, which the op follows; default: all")
+    parser.add_argument('--impls', nargs='+', default=['custom', 'paddle'],
+                        choices=['custom', 'paddle'], help='the forms timed; default: both')
     return parser.parse_args()
 
 
@@ -130,6 +135,9 @@ def measure_cell(args, mask, height, width, num, notes, estimates):
     x = paddle.randn([num, mask * mask, height, width], 'float32')
     x.stop_gradient = False
     for impl in ('custom', 'paddle'):
+        if impl not in args.impls:
+            times[f'{impl} fwd'] = times[f'{impl} bwd'] = None
+            continue
         run(f'{impl} fwd', impl, 'forward',
             lambda: psa_mask(x, args.psa_type, mask, impl=impl))
         if times[f'{impl} fwd'] is None:
@@ -161,12 +169,12 @@ def fmt_bytes(count):
 
 def main():
     args = parse_args()
-    load_library()
+    library = load_library()
     paddle.set_device('cpu')
     paddle.base.core.set_num_threads(args.threads)
     print(f'psa_mask on CPU, {args.psa_type}, float32: paddle {paddle.__version__}, '
           f'{os.cpu_count()} CPUs, op threads {psa_mask_cpu_threads()}, median of '
-          f'{args.repeats} calls after one warm-up (ms)\n')
+          f'{args.repeats} calls after one warm-up (ms); op library {library}\n')
     header = ['mask', 'map', 'N', 'output', 'write limit', 'custom fwd', 'fwd / limit',
               'paddle fwd', 'paddle / custom fwd', 'custom bwd', 'paddle bwd',
               'paddle / custom bwd']

@@ -142,34 +142,28 @@ inline void prefetch_row(const T* row, int64_t n) {
 
 // Y[n] is cut into W x W tiles; tile (r, c) holds rows r*W.. and columns c*W..
 // and depends on one window row i only, whose mask_w x-rows it reads in full.
-//   collect:    Y row q = (r, u), column p = (c, v), i = r - c + half_h,
-//               tile[u][v] = x[(i, u - v + half_w), c, v]
-//   distribute: Y row p = (r, u), column q = (c, v), i = c - r + half_h,
-//               tile[u][v] = x[(i, v - u + half_w), r, u]
-// The backward reads the same tile of grad_y back into the same x rows.
+//   collect:    Y row q = (r, u), column p = (c, v), i = window_row(r - c),
+//               tile[u][v] = x[(i, window_column(u - v)), c, v]
+//   distribute: Y row p = (r, u), column q = (c, v), i = window_row(c - r),
+//               tile[u][v] = x[(i, window_column(v - u)), r, u]
+// The backward reads the same tile of grad_y back into the same x rows. The
+// window geometry (window_row, column_shift, first_column, ...) is
+// psa_mask_kernel.h's, the CUDA kernels' too.
 struct Tile {
   int64_t i;       // window row, or out of [0, mask_h) for an all-zero tile
   int64_t x_row;   // the row h of x the tile reads (collect: c, distribute: r)
 };
 
 inline Tile tile_of(const psa_mask::Geometry& g, bool collect, int64_t r, int64_t c) {
-  return collect ? Tile{r - c + g.half_h, c} : Tile{c - r + g.half_h, r};
+  return collect ? Tile{psa_mask::window_row(g, r - c), c}
+                 : Tile{psa_mask::window_row(g, c - r), r};
 }
 
 // Index in the tile of the entry that window column j and x column w map to:
-// collect tile[w + j - half_w][w], distribute tile[w][w + j - half_w].
+// collect tile[w + column_shift(j)][w], distribute tile[w][w + column_shift(j)].
 inline int64_t tile_offset(const psa_mask::Geometry& g, bool collect, int64_t j) {
-  const int64_t shift = j - g.half_w;
+  const int64_t shift = psa_mask::column_shift(g, j);
   return collect ? shift * g.feature_w : shift;
-}
-
-// x columns w whose cell j stays on the map: [first_column, end_column), both
-// in [0, W] (empty where the window is wider than the map).
-inline int64_t first_column(const psa_mask::Geometry& g, int64_t j) {
-  return std::min(std::max<int64_t>(0, g.half_w - j), g.feature_w);
-}
-inline int64_t end_column(const psa_mask::Geometry& g, int64_t j) {
-  return std::max(std::min(g.feature_w, g.feature_w + g.half_w - j), first_column(g, j));
 }
 
 // Forward. A work unit is the block of W rows of Y[n] at row position r (W*H*W
@@ -200,8 +194,8 @@ void psa_mask_forward_cpu(const T* x, T* y, const psa_mask::Geometry& g, int psa
             }
             const T* source = x_rows + j * hw;
             const int64_t offset = tile_offset(g, collect, j);
-            const int64_t w_end = end_column(g, j);
-            for (int64_t w = first_column(g, j); w < w_end; ++w) {
+            const int64_t w_end = psa_mask::end_column(g, j);
+            for (int64_t w = psa_mask::first_column(g, j); w < w_end; ++w) {
               tile[offset + w * (W + 1)] = source[w];
             }
           }
@@ -233,7 +227,7 @@ void psa_mask_backward_cpu(const T* grad_y, T* grad_x, const psa_mask::Geometry&
       const int64_t i = unit / H - n * g.mask_h;
       const int64_t b = unit - unit / H * H;
       // The other end of the cells: row qh of the map, maybe off it.
-      const int64_t qh = b + i - g.half_h;
+      const int64_t qh = psa_mask::target_row(g, b, i);
       T* out = grad_x + ((n * g.mask_h + i) * g.mask_w * H + b) * W;
       if (qh < 0 || qh >= H) {
         std::fill(row.begin(), row.end(), static_cast<T>(0));
@@ -249,7 +243,8 @@ void psa_mask_backward_cpu(const T* grad_y, T* grad_x, const psa_mask::Geometry&
       }
       for (int64_t j = 0; j < g.mask_w; ++j) {
         const int64_t offset = tile_offset(g, collect, j);
-        const int64_t w_begin = first_column(g, j), w_end = end_column(g, j);
+        const int64_t w_begin = psa_mask::first_column(g, j);
+        const int64_t w_end = psa_mask::end_column(g, j);
         std::fill(row.begin(), row.begin() + w_begin, static_cast<T>(0));
         std::fill(row.begin() + w_end, row.end(), static_cast<T>(0));
         for (int64_t w = w_begin; w < w_end; ++w) row[w] = tile[offset + w * (W + 1)];

@@ -1,7 +1,9 @@
-// Index math and CUDA kernels of the point-wise spatial attention (PSA) mask op.
+// The window geometry, the index math and the CUDA kernels of the point-wise
+// spatial attention (PSA) mask op.
 //
-// This header knows nothing of Paddle: the Paddle op (psa_mask.cu) and the
-// standalone GPU harness (tests/gpu/) include the very same kernels.
+// This header knows nothing of Paddle: the Paddle op (psa_mask.cc, psa_mask_cpu.cc,
+// psa_mask.cu) and the standalone GPU harness (tests/gpu/) include the very same
+// geometry, and the CUDA files the very same kernels.
 //
 // Layout (the same as mmcv's and semseg's psamask):
 //   x: [N, mask_h * mask_w, H, W], channel k = i * mask_w + j is window cell (i, j).
@@ -12,6 +14,7 @@
 // Every other entry of y is 0; cells whose q falls outside the map are dropped.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #if defined(__CUDACC__)
@@ -51,6 +54,35 @@ inline Geometry make_geometry(int64_t num, int64_t feature_h, int64_t feature_w,
                   mask_w, (mask_h - 1) / 2, (mask_w - 1) / 2};
 }
 
+// The window, both ways. Cell (i, j) predicted at (h, w) points at
+// (target_row(h, i), target_column(w, j)), a shift of column_shift(j) along the
+// row; a shift (dh, dw) is cell (window_row(dh), window_column(dw)), off the
+// window unless in [0, mask_h) x [0, mask_w). Every kernel, CPU and CUDA,
+// takes its geometry from these and the column range below.
+PSA_MASK_HOST_DEVICE int64_t target_row(const Geometry& g, int64_t h, int64_t i) {
+  return h + i - g.half_h;
+}
+PSA_MASK_HOST_DEVICE int64_t target_column(const Geometry& g, int64_t w, int64_t j) {
+  return w + j - g.half_w;
+}
+PSA_MASK_HOST_DEVICE int64_t column_shift(const Geometry& g, int64_t j) {
+  return j - g.half_w;
+}
+PSA_MASK_HOST_DEVICE int64_t window_row(const Geometry& g, int64_t dh) { return dh + g.half_h; }
+PSA_MASK_HOST_DEVICE int64_t window_column(const Geometry& g, int64_t dw) {
+  return dw + g.half_w;
+}
+
+// Map columns w whose target_column(w, j) is on the map: [first_column,
+// end_column), both in [0, W] (empty where the window is wider than the map).
+// Host only: the CPU kernels walk these ranges, the CUDA kernels test each element.
+inline int64_t first_column(const Geometry& g, int64_t j) {
+  return std::min(std::max<int64_t>(0, g.half_w - j), g.feature_w);
+}
+inline int64_t end_column(const Geometry& g, int64_t j) {
+  return std::max(std::min(g.feature_w, g.feature_w + g.half_w - j), first_column(g, j));
+}
+
 // Index into x of the value that y[y_index] holds, or -1 where y holds 0.
 PSA_MASK_HOST_DEVICE int64_t y_source(const Geometry& g, int psa_type,
                                       int64_t y_index) {
@@ -63,8 +95,8 @@ PSA_MASK_HOST_DEVICE int64_t y_source(const Geometry& g, int psa_type,
   const int64_t q = psa_type == kCollect ? row : col;
   const int64_t ph = p / g.feature_w, pw = p - ph * g.feature_w;
   const int64_t qh = q / g.feature_w, qw = q - qh * g.feature_w;
-  const int64_t i = qh - ph + g.half_h;
-  const int64_t j = qw - pw + g.half_w;
+  const int64_t i = window_row(g, qh - ph);
+  const int64_t j = window_column(g, qw - pw);
   if (i < 0 || i >= g.mask_h || j < 0 || j >= g.mask_w) return -1;
   return ((n * g.mask_h * g.mask_w + i * g.mask_w + j) * hw) + p;
 }
@@ -81,8 +113,8 @@ PSA_MASK_HOST_DEVICE int64_t x_target(const Geometry& g, int psa_type,
   const int64_t p = rest - k * hw;
   const int64_t i = k / g.mask_w, j = k - i * g.mask_w;
   const int64_t h = p / g.feature_w, w = p - h * g.feature_w;
-  const int64_t qh = h + i - g.half_h;
-  const int64_t qw = w + j - g.half_w;
+  const int64_t qh = target_row(g, h, i);
+  const int64_t qw = target_column(g, w, j);
   if (qh < 0 || qh >= g.feature_h || qw < 0 || qw >= g.feature_w) return -1;
   const int64_t q = qh * g.feature_w + qw;
   return psa_type == kCollect ? (n * hw + q) * hw + p : (n * hw + p) * hw + q;

@@ -1,6 +1,6 @@
 """The PSA mask op written from its definition in numpy: the one reference its tests use.
 
-README's "The PSA mask op": window cell (i, j), channel k = i*mask_w + j,
+The definition (docs/psa_mask.md, "Definition"): window cell (i, j), channel k = i*mask_w + j,
 predicted at p = (h, w) points at q = (h + i - (mask_h-1)//2, w + j - (mask_w-1)//2);
 cells whose q is off the map are dropped. collect: Y[n, q, p] = x[n, k, h, w];
 distribute: Y[n, p, q] = x[n, k, h, w]; every other entry of Y is 0. The backward
@@ -9,9 +9,10 @@ cell off the map.
 
 The loop over (i, j, h, w) is written once, as numpy index arrays (one entry per
 iteration), so the same lines serve 1x1 maps and Cityscapes' 97x97 windows on
-64x128. Nothing here comes from the kernels (ops/psa_mask_kernel.h gathers per
-output element); tests/test_psa_mask.py, tests/test_psanet_model.py and the GPU
-harness tests/gpu/run_gpu_checks.py (which runs without Paddle) all import it.
+64x128. Nothing here comes from the op (ops/psa_mask_kernel.h gathers per output
+element, psanet/ops/psa_mask.py builds one index map for all of them);
+tests/test_psa_mask.py (both forms of the op), tests/test_psanet_model.py and the
+GPU harness tests/gpu/run_gpu_checks.py (which runs without Paddle) all import it.
 """
 import functools
 

@@ -21,7 +21,7 @@ from PIL import Image
 from cityscapes_reference import reference_train_ids
 from conftest import ROOT, finish, started_process
 from disk_helpers import digests
-from psanet.data import mini_cityscapes
+from psanet.data import mini_cityscapes, scene_canvas, street_scenes
 from psanet.data.mini_cityscapes import MARKER, generate
 
 SIZE = (96, 48)  # (width, height): odd-ish, not the default, to catch width/height swaps
@@ -119,7 +119,7 @@ def test_each_object_is_an_instance_of_its_own(tmp_path, monkeypatch):
     """Each object drawn (a car, a person; a bicycle and its rider are two) has one instance
     id per class, and no two objects share one: checked against which drawing call painted
     each pixel last, recorded while the generator runs."""
-    draws, paint, scene = mini_cityscapes._objects, mini_cityscapes._Scene.paint, \
+    draws, paint, scene = street_scenes._objects, scene_canvas.Scene.paint, \
         mini_cityscapes._scene
     drawing = [None]  # the object whose drawing call runs
     renders, kept = [], []
@@ -134,7 +134,7 @@ def test_each_object_is_an_instance_of_its_own(tmp_path, monkeypatch):
                     drawing[0] = None
             return run
         listed = draws(*args)
-        renders.append([])  # one _render, one call of _objects
+        renders.append([])  # one render, one call of _objects
         return [(y, tracked(number, draw)) for number, (y, draw) in enumerate(listed)]
 
     def recorded_paint(self, mask, name, *args, **kwargs):
@@ -148,8 +148,8 @@ def test_each_object_is_an_instance_of_its_own(tmp_path, monkeypatch):
         kept.append(renders[-1])  # the paint of the render the image comes from
         return result
 
-    monkeypatch.setattr(mini_cityscapes, '_objects', objects)
-    monkeypatch.setattr(mini_cityscapes._Scene, 'paint', recorded_paint)
+    monkeypatch.setattr(street_scenes, '_objects', objects)
+    monkeypatch.setattr(scene_canvas.Scene, 'paint', recorded_paint)
     monkeypatch.setattr(mini_cityscapes, '_scene', recorded_scene)
     root = str(tmp_path / 'mini')
     count = 6

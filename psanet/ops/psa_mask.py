@@ -3,8 +3,9 @@
 ``psa_mask`` turns the attention predicted over a local ``mask_h x mask_w``
 window at each position into a dense ``[N, H*W, H, W]`` map (Zhao et al.,
 ECCV 2018). ``'custom'``: the C++/CUDA custom op (``ops/``), the default;
-``'paddle'``: standard Paddle ops only, the reference the kernels are tested
-against and the form that exports to ONNX. CPU threads: docs/psa_mask.md.
+``'paddle'``: standard Paddle ops only, the form that exports to ONNX and runs
+without the op library. The tests check both against the numpy reference
+(tests/psa_mask_reference.py). CPU threads: docs/psa_mask.md.
 """
 import contextlib
 import numbers
@@ -180,9 +181,10 @@ def psa_mask_paddle(x, psa_type, mask_h, mask_w):
     """``psa_mask`` written with standard Paddle ops (exportable, differentiable).
 
     Each output entry gathers its source from ``x`` through an index map built
-    from the (possibly dynamic) H and W; entries outside the window gather a
-    zero appended to ``x``. Memory: an int32 index of ``(H*W)**2`` entries, so
-    ``mask_h * mask_w * H * W`` must stay below ``2**30``.
+    from the (possibly dynamic) H and W, as ``y_source`` in
+    ``ops/psa_mask_kernel.h`` does per element for the CUDA kernels; entries
+    outside the window gather a zero appended to ``x``. Memory: an int32 index
+    of ``(H*W)**2`` entries, so ``mask_h * mask_w * H * W`` must stay below ``2**30``.
     """
     psa_type = normalize_psa_type(psa_type)
     mask_h, mask_w = normalize_mask_size((mask_h, mask_w))
@@ -191,6 +193,9 @@ def psa_mask_paddle(x, psa_type, mask_h, mask_w):
 
 
 def _psa_mask_gather(x, psa_type, mask_h, mask_w):
+    # The index math of y_source in ops/psa_mask_kernel.h (a Python file cannot
+    # include the header): the window cell of an entry is window_row(qh - ph),
+    # window_column(qw - pw), with half = (mask - 1) // 2 as make_geometry's.
     # The index of Y[n] is built as [H, W, H, W] (row position a = (a_h, a_w),
     # column b = (b_h, b_w)) from per-axis pieces of size H*H and W*W, so that
     # only two ops besides the gather run over all (H*W)**2 entries.
