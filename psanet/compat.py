@@ -152,8 +152,9 @@ BATCHNORM_NOTICE = 'When training, we now always track global mean and variance'
 warnings.filterwarnings('ignore', message=BATCHNORM_NOTICE, category=UserWarning,
                         module=r'paddle\.')
 
-__all__ = ['CCACHE_WARNING', 'BATCHNORM_NOTICE', 'Workaround', 'MEMORY_OPTIM', 'ONEDNN_PLACEMENT', 'PADDLESEG_CROSS_ENTROPY',
-           'PADDLESEG_CALCULATE_AREA', 'configure_inference', 'apply_paddleseg_fixes',
+__all__ = ['CCACHE_WARNING', 'BATCHNORM_NOTICE', 'Workaround', 'MEMORY_OPTIM', 'ONEDNN_PLACEMENT',
+           'PADDLESEG_CROSS_ENTROPY', 'PADDLESEG_CALCULATE_AREA', 'configure_inference',
+           'apply_paddleseg_fixes',
            'cross_entropy_post_process_loss', 'calculate_area', 'FIXES', 'ORIGINALS',
            'shut_down_loader', 'require_paddleseg', 'PADDLESEG_INSTALL',
            'cityscapes_evaluator_fix', 'CONST_CONTIGUOUS', 'GATHER_AXIS_GRADIENT',
