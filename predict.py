@@ -4,11 +4,6 @@
         --model_path output/best_model/model.pdparams --image_path demo/ --save_dir output/result
 """
 import argparse
-import warnings
-
-# A harmless notice of Paddle's would sit between the user and a one-line error
-# (psanet.compat filters Paddle's ccache notice).
-warnings.filterwarnings('ignore', message='When training, we now always track')
 
 from psanet.cli import add_inference_flags, add_model_flags, exit_with, run_cli  # noqa: E402
 from psanet.core.predict import predict_from_config  # noqa: E402

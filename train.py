@@ -7,14 +7,9 @@
         --config configs/psanet/psanet_resnet50_os8_cityscapes_1024x512_80k.yml --batch_size 2 --do_eval
 """
 import argparse
-import warnings
 
-# A harmless notice of Paddle's would sit between the user and a one-line error
-# (psanet.compat filters Paddle's ccache notice).
-warnings.filterwarnings('ignore', message='When training, we now always track')
-
-from psanet.cli import exit_with, run_cli  # noqa: E402
-from psanet.core.train import train_from_config  # noqa: E402
+from psanet.cli import exit_with, run_cli
+from psanet.core.train import train_from_config
 
 
 def parse_args(argv=None):

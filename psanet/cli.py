@@ -74,9 +74,11 @@ def add_model_flags(parser):
 def add_inference_flags(parser, aug_flag):
     """The inference flags val.py and predict.py share (None: use the config's test_config).
 
-    ``psanet.core.options.InferenceOptions.from_flags`` checks what they are given.
+    Each is parsed into the field of ``psanet.core.options.InferenceOptions`` of its
+    name; the switch, ``aug_flag`` ('--aug_eval' or '--aug_pred'), into ``aug_eval``.
+    ``InferenceOptions.from_flags(flags, test_config, aug_flag)`` checks them.
     """
-    parser.add_argument(aug_flag, action='store_true', default=None,
+    parser.add_argument(aug_flag, dest='aug_eval', action='store_true', default=None,
                         help='Average over --scales and flips (see --aug_combine).')
     parser.add_argument('--scales', nargs='+', type=float, default=None,
                         help=f'Scales for augmentation, e.g. 0.75 1.0 1.25 (with {aug_flag}).')

@@ -206,6 +206,43 @@ def test_importing_compat_imports_no_paddleseg():
     assert 'ccache' not in result.stderr.lower(), result.stderr
 
 
+_BATCHNORM_FORWARD = ('import paddle\n'
+                      'norm = paddle.nn.BatchNorm2D(2)\n'
+                      'norm.train()\n'
+                      'norm(paddle.ones([1, 2, 3, 3]))\n')
+
+
+def _stderr_of(code):
+    result = run_process([sys.executable, '-c', code], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return result.stderr
+
+
+def test_batchnorm_notice_is_still_printed_by_this_paddle():
+    """19: when this fails, Paddle no longer prints the notice: delete BATCHNORM_NOTICE."""
+    assert compat.BATCHNORM_NOTICE in _stderr_of(_BATCHNORM_FORWARD)
+
+
+@pytest.mark.parametrize('first', ['psanet.compat', 'psanet.cli', 'psanet.core'])
+def test_importing_compat_first_filters_the_batchnorm_notice(first):
+    """What train.py, val.py, predict.py and the engine import first keeps it off stderr."""
+    stderr = _stderr_of(f'import {first}\n' + _BATCHNORM_FORWARD)
+    assert 'we now always track' not in stderr, stderr
+    assert 'ccache' not in stderr.lower(), stderr
+
+
+def test_importing_compat_or_the_engine_package_loads_no_paddle():
+    """psanet.core's docstring: importing it loads none of the engine, nor paddle."""
+    code = ('import sys; import psanet.core; '
+            'print(sorted(m for m in sys.modules if m.split(".")[0] in ("paddle", "psanet")))')
+    result = run_process([sys.executable, '-c', code], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split('\n')[-2] == "['psanet', 'psanet.compat', 'psanet.core']", \
+        result.stdout
+
+
 @pytest.mark.parametrize('module', ['psanet.models', 'psanet.core.config'])
 @pytest.mark.parametrize('missing, said', [
     ('paddleseg', 'psanet needs paddleseg 2.8.0'),

@@ -16,6 +16,7 @@ import engine_helpers as helpers
 from conftest import ROOT, TINY_SEGNET_RTOL, clear_margin_pixels, run_process
 from psanet.core.checkpoint import load_model_weights, save_checkpoint
 from psanet.core.config import ComponentBuilder, load_config
+from psanet.core.options import EvalOptions
 from psanet.core.val import evaluate
 
 TESTS = os.path.join(ROOT, 'tests')
@@ -30,7 +31,7 @@ from psanet.core import dist
 from psanet.core.checkpoint import load_model_weights
 from psanet.core.config import ComponentBuilder, load_config
 from psanet.core.loader import SampleReader, TrainBatchSampler
-from psanet.core.options import TrainOptions
+from psanet.core.options import EvalOptions, TrainOptions
 from psanet.core.train import train
 from psanet.core.val import evaluate
 
@@ -64,7 +65,7 @@ for epoch in range(3):
     sampler.set_epoch(epoch)
     orders.append([i for batch in sampler for i in batch])
 load_model_weights(model, weights)
-metrics = evaluate(model, builder.dataset('val'), print_detail=False)
+metrics = evaluate(model, builder.dataset('val'), EvalOptions(print_detail=False))
 with open(os.path.join(out, 'rank_%d.json' % rank), 'w') as f:
     json.dump({{'world_size': dist.world_size(), 'losses': result['losses'],
                'local_losses': result['local_losses'], 'orders': orders,
@@ -105,7 +106,7 @@ def test_two_processes(tmp_path):
     builder = ComponentBuilder(load_config(config))
     model = builder.model
     save_checkpoint(str(tmp_path / 'weights'), model)
-    expected = evaluate(model, builder.dataset('val'), print_detail=False)
+    expected = evaluate(model, builder.dataset('val'), EvalOptions(print_detail=False))
     slack = near_ties(model, builder.dataset('val'))
 
     worker = tmp_path / 'worker.py'
@@ -137,7 +138,7 @@ def test_two_processes(tmp_path):
     # both ranks drew (without --seed) and saved rank 0's seed.
     best = ComponentBuilder(load_config(config)).model
     load_model_weights(best, str(out / 'train' / 'best_model'))
-    saved = evaluate(best, builder.dataset('val'), print_detail=False)
+    saved = evaluate(best, builder.dataset('val'), EvalOptions(print_detail=False))
     best_slack = near_ties(best, builder.dataset('val'))
     for rank in ranks:
         assert_areas_agree(rank['train_eval_areas'], saved['areas'], best_slack,

@@ -19,7 +19,7 @@ from psanet.core import inference as infer
 from psanet.core.checkpoint import save_checkpoint
 from psanet.core.config import ComponentBuilder, load_config
 from psanet.core.metrics import class_areas, confusion_matrix, summarize
-from psanet.core.options import InferenceOptions
+from psanet.core.options import EvalOptions, InferenceOptions
 from psanet.core.val import evaluate, evaluate_from_config, format_report, prediction_file_name
 from psanet.errors import CheckpointError, ConfigError
 
@@ -115,7 +115,7 @@ def test_evaluate_matches_independent_prediction(toy):
         scores = [model(_normalised(image_path))[0].numpy()
                   for image_path, _ in dataset.file_list]
     expected = _expected_metrics(dataset, scores)
-    result = evaluate(model, dataset, print_detail=False)
+    result = evaluate(model, dataset, EvalOptions(print_detail=False))
     assert result['num_images'] == 5
     assert_metrics_equal(result, expected)
 
@@ -145,7 +145,7 @@ def test_evaluate_shows_paddleseg_progress_bar_instead_of_per_image_lines(toy, c
                      r'\S+$', err.replace('\b', '').replace('\r', '\n'), re.M), repr(err)
     assert lines.lines == ['Start evaluating (total_samples: 5, this rank: 5)...'] + \
         format_report(result)
-    evaluate(model, dataset, print_detail=False)
+    evaluate(model, dataset, EvalOptions(print_detail=False))
     assert '5/5' not in capfd.readouterr().err
 
 
@@ -175,7 +175,7 @@ def test_evaluate_resized_input_is_scored_at_label_size(tmp_path):
             x = paddle.to_tensor(((image / 255.0 - 0.5) / 0.5).transpose(2, 0, 1)[None])
             scores.append(F.interpolate(model(x)[0], [32, 64], mode='bilinear').numpy())
     expected = _expected_metrics(dataset, scores)
-    assert_metrics_equal(evaluate(model, dataset, print_detail=False), expected)
+    assert_metrics_equal(evaluate(model, dataset, EvalOptions(print_detail=False)), expected)
 
 
 class _WindowMean(nn.Layer):
@@ -225,11 +225,15 @@ def test_slide_covering_the_image_equals_whole_image_inference(toy):
         pointwise(x).numpy(), rtol=1e-5, atol=1e-6)
 
 
-def test_slide_arguments_are_checked():
-    with pytest.raises(ConfigError, match='larger than --crop_size'):
-        infer.slide_windows(32, 64, (16, 8), (20, 4))
-    with pytest.raises(ConfigError, match='two positive ints'):
-        infer.slide_windows(32, 64, None, (4, 4))
+def test_slide_arguments_are_checked_once_by_the_options():
+    with pytest.raises(ConfigError, match='--stride 20 4 is larger than --crop_size 16 8'):
+        InferenceOptions(is_slide=True, crop_size=(16, 8), stride=(20, 4))
+    with pytest.raises(ConfigError, match='test_config.stride 20 4 is larger than '
+                                          'test_config.crop_size 16 8'):
+        InferenceOptions.from_flags({}, {'is_slide': True, 'crop_size': [16, 8],
+                                         'stride': [20, 4]})
+    with pytest.raises(ConfigError, match='--is_slide needs --crop_size'):
+        InferenceOptions(is_slide=True, stride=(4, 4))
 
 
 @pytest.mark.parametrize('combine', ['logits', 'softmax'])
@@ -319,8 +323,8 @@ def test_evaluate_aug_and_slide_options_match_step_by_step_predictions(toy, opti
         scores = [_reference_score(model, _normalised(image_path), **reference)
                   for image_path, _ in dataset.file_list]
     expected = _expected_metrics(dataset, scores)
-    assert_metrics_equal(evaluate(model, dataset, InferenceOptions(**options),
-                                  print_detail=False), expected)
+    assert_metrics_equal(evaluate(model, dataset, EvalOptions(InferenceOptions(**options),
+                                                              print_detail=False)), expected)
 
 
 def _official_evaluation(results_dir, cityscapes_root):
@@ -340,7 +344,7 @@ def test_val_save_dir_feeds_the_official_cityscapes_evaluator(tmp_path, mini_cit
     config = helpers.toy_config(root, num_classes=19, dataset_type='Cityscapes')
     model, dataset = _model_and_val(helpers.write_config(tmp_path / 'city.yml', config))
     save_dir = str(tmp_path / 'results')
-    result = evaluate(model, dataset, save_dir=save_dir, print_detail=False)
+    result = evaluate(model, dataset, EvalOptions(save_dir=save_dir, print_detail=False))
     written = sorted(os.path.relpath(p, save_dir)
                      for p in glob.glob(os.path.join(save_dir, '*', '*.png')))
     image_root = os.path.join(root, 'leftImg8bit', 'val')

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from conftest import MINI_CONFIG, ROOT, run_process
+import predict
 import val
 from psanet.core.options import InferenceOptions
 from psanet.errors import ConfigError
@@ -108,11 +109,19 @@ def test_aug_combine_from_test_config_or_the_command_line():
 
 
 def test_predict_names_its_own_flag():
-    options_from({'aug_pred': True, 'scales': [0.5]}, '--aug_pred')
+    """predict.py parses --aug_pred straight into the options' aug_eval field; the messages
+    still name --aug_pred."""
+    args = vars(predict.parse_args(['--config', 'c.yml', '--model_path', 'm.pdparams',
+                                    '--image_path', 'x.png', '--aug_pred', '--scales', '0.5']))
+    assert 'aug_pred' not in args
+    given = {name: args[name] for name in INFERENCE_FLAGS if name in args}
+    assert options_from(given, '--aug_pred').aug_eval is True
     with pytest.raises(ConfigError, match='--scales only acts with --aug_pred'):
-        options_from({'aug_pred': None, 'scales': [0.5]}, '--aug_pred')
+        options_from(dict(given, aug_eval=None), '--aug_pred')
     # the config spells the switch aug_eval for both command lines
     options_from({'scales': [0.5]}, '--aug_pred', {'aug_eval': True})
+    with pytest.raises(TypeError, match=r"not inference flags: \['aug_pred'\]"):
+        options_from({'aug_pred': True}, '--aug_pred')
 
 
 def test_val_py_refuses_scales_without_aug_eval(tmp_path):

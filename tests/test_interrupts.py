@@ -234,13 +234,13 @@ def test_a_stopped_run_saves_its_step_once_and_resumes_with_the_uninterrupted_lo
     whole = {}
     assert run_cli(lambda **f: whole.update(train.train_from_config(**f)),
                    save_dir=str(tmp_path / 'whole'), **flags) == 0
-    log_interval = train._log_interval
+    log_interval = train.log_interval
 
     def send_signal(run, iteration, *args):
         log_interval(run, iteration, *args)
         if iteration == signal_at:
             os.kill(os.getpid(), signum)
-    monkeypatch.setattr(train, '_log_interval', send_signal)
+    monkeypatch.setattr(train, 'log_interval', send_signal)
     save_dir = tmp_path / 'stopped'
     capsys.readouterr()
     assert run_cli(train.train_from_config, save_dir=str(save_dir), **flags) == 128 + signum

@@ -1,4 +1,5 @@
 """psanet.core.train and train.py: learning, exact resume, NaN stop, logs, samplers, bad input."""
+import dataclasses
 import glob
 import json
 import os
@@ -16,7 +17,7 @@ from psanet.core import checkpoint as ckpt
 from psanet.core.config import ComponentBuilder, load_config
 from psanet.core.loader import SampleReader, TrainBatchSampler
 from psanet.core.runtime import to_plain_batchnorm
-from psanet.core.options import TrainOptions
+from psanet.core.options import EvalOptions, TrainOptions
 from psanet.core.train import iteration_seed, train, train_from_config
 from psanet.core.val import evaluate
 from psanet.errors import DatasetError, TrainingError
@@ -43,7 +44,7 @@ def test_training_lowers_loss_and_overfits(tmp_path, toy):
     history = result['losses']
     assert len(history) == 40
     assert np.mean(history[-5:]) < 0.5 * np.mean(history[:5])
-    metrics = evaluate(model, builder.dataset('val'), print_detail=False)
+    metrics = evaluate(model, builder.dataset('val'), EvalOptions(print_detail=False))
     assert metrics['miou'] >= 0.8, metrics['class_iou']
     assert [i for i, _ in ckpt.list_checkpoints(str(tmp_path / 'out'))] == [40]
 
@@ -79,7 +80,7 @@ def test_resume_after_a_crash_repeats_the_uninterrupted_losses(tmp_path, toy, nu
         {'type': 'RandomHorizontalFlip'}, {'type': 'Normalize'}])
     path = helpers.write_config(tmp_path / 'toy.yml', config)
     options = dict(iters=7, batch_size=2, save_interval=3, log_iters=1, seed=11,
-                   num_workers=num_workers)
+                   evaluation=EvalOptions(num_workers=num_workers))
 
     _, model, dataset, optimizer, losses = _build(path)
     full = train(model, dataset, optimizer, losses, TrainOptions(save_dir=str(tmp_path / 'full'),
@@ -188,13 +189,14 @@ def test_logs_vdl_eval_best_model_and_keep_checkpoint_max(tmp_path, toy, monkeyp
     save_dir = str(tmp_path / 'out')
     figures = []
     from psanet.core import train as train_module
-    real_figures = train_module.log_evaluation_figures
+    from psanet.core import train_log
+    real_figures = train_log.log_evaluation_figures
 
     def log_figures(writer, evaluated, names, step):
         figures.append((step, evaluated))
         return real_figures(writer, evaluated, names, step)
 
-    monkeypatch.setattr(train_module, 'log_evaluation_figures', log_figures)
+    monkeypatch.setattr(train_log, 'log_evaluation_figures', log_figures)
     result = train(model, dataset, optimizer, losses, TrainOptions(iters=8, batch_size=2,
                    save_dir=save_dir, save_interval=2, log_iters=4, keep_checkpoint_max=2,
                    use_vdl=True, seed=0), val_dataset=builder.dataset('val'))
@@ -300,7 +302,8 @@ def test_train_reshuffles_and_reseeds_every_epoch(tmp_path, monkeypatch, num_wor
     monkeypatch.setattr(train_module, '_train_step', step)
     # 8 images, batch 2: 4 iterations an epoch, 12 iterations are 3 epochs.
     train(model, dataset, optimizer, losses, TrainOptions(iters=12, batch_size=2,
-          save_dir=str(tmp_path / 'out'), save_interval=12, num_workers=num_workers, seed=3))
+          save_dir=str(tmp_path / 'out'), save_interval=12, seed=3,
+          evaluation=EvalOptions(num_workers=num_workers)))
     epochs = [read[e * 8:(e + 1) * 8] for e in range(3)]
     assert [[e for e, _ in epoch] for epoch in epochs] == [[e] * 8 for e in range(3)]
     orders = [[i for _, i in epoch] for epoch in epochs]
@@ -451,8 +454,9 @@ def test_train_py_end_to_end_and_exit_code(tmp_path, mini_cityscapes):
 
 
 def test_train_from_config_hands_train_the_config_and_the_flags(tmp_path, toy, monkeypatch):
-    """The options train() gets: the config's schedule (a flag overrides it), sync_bn, and
-    evaluations as test_config says, in the training's precision."""
+    """The one options object train() gets: the config's schedule (a flag overrides it, the
+    LR scheduler follows), sync_bn, the flags, and evaluations as test_config says, in the
+    training's precision, stored once."""
     from psanet.core import train as train_module
     from psanet.core.options import InferenceOptions
     config = helpers.toy_config(toy, iters=7, batch_size=2)
@@ -460,13 +464,25 @@ def test_train_from_config_hands_train_the_config_and_the_flags(tmp_path, toy, m
     config['test_config'] = {'is_slide': True, 'crop_size': [32, 16], 'stride': [16, 8]}
     path = helpers.write_config(tmp_path / 'toy.yml', config)
     handed = []
-    monkeypatch.setattr(train_module, '_train', lambda *args: handed.append(args) or {})
+    monkeypatch.setattr(train_module, 'train', lambda *args, **kwargs: handed.append(
+        (args, kwargs)) or {})
     train_from_config(path, device='cpu', save_dir=str(tmp_path / 'out'), batch_size=3,
-                      precision='fp16', amp_level='O2', log_iters=5, seed=4)
-    (_, _, _, _, options, val_dataset, _), = handed
-    assert val_dataset is None  # no --do_eval
+                      precision='fp16', amp_level='O2', log_iters=5, seed=4, num_workers=1)
+    ((_, _, optimizer, _, options, val_dataset), kwargs), = handed
+    assert val_dataset is None and options.do_eval is False  # no --do_eval
+    assert kwargs['folder'].path == str(tmp_path / 'out')
     assert (options.iters, options.batch_size, options.log_iters, options.seed) == (7, 3, 5, 4)
+    assert optimizer._learning_rate.decay_steps == 7
     assert options.sync_bn is False and options.save_dir == str(tmp_path / 'out')
-    assert options.evaluation == InferenceOptions(is_slide=True, crop_size=(32, 16),
-                                                  stride=(16, 8), precision='fp16',
-                                                  amp_level='O2')
+    assert options.config == path and options.device == 'cpu'
+    assert options.evaluation.inference == InferenceOptions(
+        is_slide=True, crop_size=(32, 16), stride=(16, 8), precision='fp16', amp_level='O2')
+    assert (options.precision, options.amp_level, options.num_workers) == ('fp16', 'O2', 1)
+    assert options.evaluation.num_workers == 1
+    stored = {f.name for f in dataclasses.fields(options)}
+    assert not stored & {'precision', 'amp_level', 'num_workers'}, stored
+    handed.clear()
+    train_from_config(path, device='cpu', save_dir=str(tmp_path / 'out9'), iters=9)
+    ((_, _, optimizer, _, options, _), _), = handed
+    assert (options.iters, options.batch_size) == (9, 2)
+    assert optimizer._learning_rate.decay_steps == 9  # the scheduler follows --iters

@@ -469,3 +469,24 @@ def test_sigterm_ends_train_py_with_one_line_and_whole_checkpoints(tmp_path, cap
                           save_interval=2, resume_model=last)
     assert code == 0 and error is None
     assert _iterations(save_dir)[-1] == iteration + 2
+
+
+def test_two_owned_folders_each_delete_only_what_overwrite_replaces_in_it(tmp_path):
+    """own_save_dir's RunFolder holds what --overwrite is to delete, until it is asked to:
+    two folders owned at once in one process keep theirs apart."""
+    from psanet.core.run_dir import own_save_dir
+    layer = paddle.nn.Linear(2, 2)
+    folders = [tmp_path / 'a', tmp_path / 'b']
+    for folder, iteration in zip(folders, (2, 3)):
+        ckpt.save_checkpoint(str(folder / f'iter_{iteration}'), layer,
+                             state={'iteration': iteration})
+    with own_save_dir(str(folders[0]), overwrite=True) as first, \
+            own_save_dir(str(folders[1]), overwrite=True) as second:
+        assert (first.path, second.path) == (str(folders[0]), str(folders[1]))
+        assert os.path.isdir(folders[0] / 'iter_2') and os.path.isdir(folders[1] / 'iter_3')
+        second.clear_overwritten()
+        assert os.path.isdir(folders[0] / 'iter_2') and not os.path.exists(folders[1] / 'iter_3')
+        first.clear_overwritten()
+        first.clear_overwritten()  # once done, nothing is left to delete
+        assert not os.path.exists(folders[0] / 'iter_2')
+    assert sorted(os.listdir(folders[0])) == sorted(os.listdir(folders[1])) == []

@@ -4,8 +4,8 @@ import re
 import pytest
 
 from conftest import MINI_CONFIG
-from psanet.core import train as train_module
-from psanet.core.train import format_batch_size
+from psanet.core.config import load_config
+from psanet.core.train_log import format_batch_size
 
 STEP = re.compile(r'batch_size (\d+) per (card|process) x (\d+) (cards|processes) = (\d+) images '
                   r'per step')
@@ -50,10 +50,9 @@ def test_without_a_recipe_only_the_step():
     assert STEP.fullmatch(line)
 
 
-def test_recipe_is_the_config_files_batch_size(tmp_path, monkeypatch):
+def test_recipe_is_the_config_files_batch_size(tmp_path):
+    """Read with the config, once: the file's batch_size, not the one --opts sets."""
     config = tmp_path / 'recipe.yml'
     config.write_text(f'_base_: {MINI_CONFIG}\nbatch_size: 5\n')
-    monkeypatch.setattr(train_module.dist, 'world_size', lambda: 2)
-    assert train_module._recipe_batch_size(str(config)) == 5
-    monkeypatch.setattr(train_module.dist, 'world_size', lambda: 1)
-    assert train_module._recipe_batch_size(str(config)) is None  # one process: not needed
+    cfg = load_config(str(config), opts=['batch_size=3'])
+    assert (cfg.recipe_batch_size, cfg.batch_size) == (5, 3)

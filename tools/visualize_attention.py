@@ -14,13 +14,9 @@ classes; one PNG per point and a sheet of all (psanet/core/attention.py).
 import argparse
 import os
 import sys
-import warnings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-
-# A harmless notice of Paddle's would sit between the user and a one-line error.
-warnings.filterwarnings('ignore', message='When training, we now always track')
 
 from psanet.cli import add_model_flags, exit_with, run_cli  # noqa: E402
 from psanet.core.attention import visualize_attention_from_config  # noqa: E402

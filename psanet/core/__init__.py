@@ -6,7 +6,7 @@ PaddleSeg's flags and call ``psanet.core.train.train_from_config``,
 ``psanet.core.predict.predict_from_config``; the loops themselves
 (``train``, ``evaluate``, ``predict`` in the same modules) take built
 components and can be called from Python. Importing this package loads
-none of them.
+none of them, nor paddle: only ``psanet.compat``, whose warning filters must
+come before the engine's modules import paddle.
 """
-# Filters Paddle's "No ccache found" notice before the engine imports paddle (psanet.compat, 1).
-from psanet import compat  # noqa: F401,E402
+from psanet import compat  # noqa: F401

@@ -28,7 +28,7 @@ from psanet.data.validate import check_dataset_config, validate_dataset  # noqa:
 from psanet.errors import ArgumentError, ConfigError  # noqa: E402
 from psanet.log import get_logger  # noqa: E402
 
-__all__ = ['KNOWN_KEYS', 'UNSUPPORTED_KEYS', 'load_config', 'ComponentBuilder']
+__all__ = ['KNOWN_KEYS', 'UNSUPPORTED_KEYS', 'load_config', 'set_schedule', 'ComponentBuilder']
 
 # Top-level keys the engine reads: paddleseg 2.8.0's, plus the engine's own ``sync_bn``.
 KNOWN_KEYS = ('batch_size', 'iters', 'train_dataset', 'val_dataset', 'optimizer', 'lr_scheduler',
@@ -168,19 +168,21 @@ def _check_types(node, where, registries, path):
             _check_types(value, f'{where}[{i}]', registries, path)
 
 
-def load_config(path, learning_rate=None, batch_size=None, iters=None, opts=None):
+def load_config(path, learning_rate=None, opts=None):
     """Reads a config like paddleseg's ``Config`` and checks it.
 
     Args:
         path (str): the YAML file; ``_base_`` files are merged in.
         learning_rate (float, optional): overrides ``lr_scheduler.learning_rate``. Default: None.
-        batch_size (int, optional): overrides ``batch_size`` (per process). Default: None.
-        iters (int, optional): overrides ``iters``. Default: None.
         opts (list, optional): ``key=value`` overrides, e.g. ``['model.num_classes=19']``.
             Default: None.
 
     Returns:
-        paddleseg.cvlibs.Config: the checked config.
+        paddleseg.cvlibs.Config: the checked config, with ``path`` and
+        ``recipe_batch_size`` (the file's batch_size before --opts: what its recipe
+        assumes on one card; None unless a positive integer). Training's iters and
+        batch_size are :class:`~psanet.core.options.TrainOptions`' to check
+        (:func:`set_schedule` writes them in).
 
     Raises:
         ConfigError: for a missing or malformed file, an unknown key or component
@@ -195,28 +197,30 @@ def load_config(path, learning_rate=None, batch_size=None, iters=None, opts=None
     _check_opts(merged, opts, path)
     if learning_rate and not isinstance(merged.get('lr_scheduler'), dict):
         raise ConfigError(f'--learning_rate needs an lr_scheduler section in {path}.')
-    for name, value in (('learning_rate', learning_rate), ('batch_size', batch_size),
-                        ('iters', iters)):
-        if value is not None and not (math.isfinite(value) and value > 0):
-            raise ConfigError(f'--{name} must be a positive finite number, got {value}.')
+    if learning_rate is not None and not (math.isfinite(learning_rate) and learning_rate > 0):
+        raise ConfigError(f'--learning_rate must be a positive finite number, got '
+                          f'{learning_rate}.')
     try:
-        cfg = Config(path, learning_rate=learning_rate, batch_size=batch_size, iters=iters,
-                     opts=opts)
+        cfg = Config(path, learning_rate=learning_rate, opts=opts)
     except (AssertionError, RuntimeError, ValueError, KeyError, TypeError) as error:
         lines = str(error).strip().splitlines()
         detail = lines[-1] if lines else type(error).__name__
         raise ConfigError(f'config {path} fails paddleseg\'s checks: {detail}') from error
-    for key in ('batch_size', 'iters'):
-        value = cfg.dic.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ConfigError(f'config {path}: {key} must be a positive integer, got {value!r}.')
     _check_top_level(cfg.dic, path)  # again with the --opts applied
     for section, registries in _SECTION_REGISTRIES.items():
         if section in cfg.dic:
             _check_types(cfg.dic[section], section, registries, path)
     _check_output_stride(cfg.dic.get('model'), path)
     cfg.path = path
+    recipe = merged.get('batch_size')
+    cfg.recipe_batch_size = recipe if isinstance(recipe, int) and recipe > 0 else None
     return cfg
+
+
+def set_schedule(cfg, iters, batch_size):
+    """Writes a training job's iters and batch_size into ``cfg``, where paddleseg's builder
+    reads iters for the LR scheduler's decay steps."""
+    cfg.dic['iters'], cfg.dic['batch_size'] = iters, batch_size
 
 
 def _check_output_stride(model, path):

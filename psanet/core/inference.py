@@ -16,7 +16,7 @@ import paddle.nn.functional as F
 
 from psanet.core.memory import check_attention_memory, out_of_memory
 from psanet.core.memory import scaled_size as _scaled_size
-from psanet.core.options import InferenceOptions, check_slide_args
+from psanet.core.options import InferenceOptions
 from psanet.errors import InferenceMemoryError
 
 __all__ = ['reverse_transform', 'slide_windows', 'slide_inference', 'inference',
@@ -66,13 +66,14 @@ def slide_windows(height, width, crop_size, stride):
     Args:
         height (int): image height.
         width (int): image width.
-        crop_size (tuple): (w, h) of a window.
-        stride (tuple): (w, h) step between windows.
+        crop_size (tuple): (w, h) of a window, positive ints.
+        stride (tuple): (w, h) step between windows, positive and at most crop_size
+            (as :class:`InferenceOptions` checks them).
 
     Returns:
         list: ``(y1, y2, x1, x2)`` boxes, row by row.
     """
-    (crop_w, crop_h), (stride_w, stride_h) = check_slide_args(crop_size, stride)
+    (crop_w, crop_h), (stride_w, stride_h) = crop_size, stride
     rows = max(math.ceil((height - crop_h) / stride_h), 0) + 1
     cols = max(math.ceil((width - crop_w) / stride_w), 0) + 1
     boxes = []

@@ -2,40 +2,35 @@
 
 ``InferenceOptions``: how an image is inferred (whole, sliding windows,
 scales and flips, precision), for evaluation and prediction alike.
-``TrainOptions``: the training loop's settings, with the ``InferenceOptions``
-of its evaluations.
+``EvalOptions``: an evaluation job (val.py): its ``InferenceOptions``, data
+loading, where predictions go. ``TrainOptions``: a training job (train.py),
+with the ``InferenceOptions`` of its evaluations, which also hold the
+precision every forward of the job runs in.
+
+Each is checked in its ``__post_init__`` and nowhere else; ``from_flags`` /
+``from_config`` only merge the command line over the config and say where each
+value came from, so that a bad one is named by its flag or its config key.
 """
-import dataclasses
 import math
-from dataclasses import dataclass, field
-from typing import Optional, Tuple
+from dataclasses import InitVar, dataclass, fields
+from typing import Callable, Optional, Tuple
 
 from psanet.errors import ConfigError
 
-__all__ = ['InferenceOptions', 'TrainOptions', 'AUG_COMBINES', 'PRECISIONS', 'AMP_LEVELS',
-           'check_slide_args']
+__all__ = ['InferenceOptions', 'EvalOptions', 'TrainOptions', 'AUG_COMBINES', 'PRECISIONS',
+           'AMP_LEVELS']
 
 # How aug_eval combines scales and flips: the mean of the logits (paddleseg 2.8's
 # aug_inference), or the mean of their softmax.
 AUG_COMBINES = ('logits', 'softmax')
 PRECISIONS = ('fp32', 'fp16')
 AMP_LEVELS = ('O1', 'O2')
+# numpy's seeds are below 2**32.
+SEED_LIMIT = 2 ** 32
 
 
-def check_slide_args(crop_size, stride):
-    """Validates ``(w, h)`` pairs for sliding-window inference and returns them as int tuples."""
-    pairs = []
-    for name, value in (('crop_size', crop_size), ('stride', stride)):
-        if value is None or len(value) != 2 or any(int(v) <= 0 for v in value):
-            raise ConfigError(f'sliding-window inference needs --{name} as two positive ints '
-                              f'(width height), got {value!r}.')
-        pairs.append((int(value[0]), int(value[1])))
-    (crop_w, crop_h), (stride_w, stride_h) = pairs
-    if stride_w > crop_w or stride_h > crop_h:
-        raise ConfigError(f'--stride {stride_w} {stride_h} is larger than --crop_size {crop_w} '
-                          f'{crop_h}: windows would leave pixels unpredicted; use a stride no '
-                          'larger than the crop.')
-    return pairs[0], pairs[1]
+def _flag(name):
+    return f'--{name}'
 
 
 @dataclass(frozen=True)
@@ -52,9 +47,11 @@ class InferenceOptions:
             aug_inference) or their 'softmax'. Default: 'logits'.
         is_slide (bool): sliding-window inference. Default: False.
         crop_size (tuple): (w, h) of a window, with is_slide. Default: None.
-        stride (tuple): (w, h) between windows, with is_slide. Default: None.
+        stride (tuple): (w, h) between windows, at most crop_size, with is_slide. Default: None.
         precision (str): 'fp32', or 'fp16' autocast (GPU only). Default: 'fp32'.
         amp_level (str): 'O1' or 'O2'. Default: 'O1'.
+        named_by (callable, optional): field name -> how a message names it (``from_flags``
+            passes the flag or the test_config key); not stored. Default: ``--<name>``.
 
     Raises:
         ConfigError: for a bad value, naming its flag.
@@ -69,34 +66,34 @@ class InferenceOptions:
     stride: Optional[Tuple[int, int]] = None
     precision: str = 'fp32'
     amp_level: str = 'O1'
+    named_by: InitVar[Optional[Callable]] = None
 
     # The keys of the config's test_config (paddleseg's, and aug_combine).
     TEST_CONFIG_KEYS = ('aug_eval', 'scales', 'flip_horizontal', 'flip_vertical', 'aug_combine',
                         'is_slide', 'crop_size', 'stride')
 
-    def __post_init__(self):
-        _check_values(dataclasses.asdict(self), lambda name: f'--{name}')
+    def __post_init__(self, named_by):
+        _check_inference(self, named_by or _flag)
         scales = self.scales if isinstance(self.scales, (list, tuple)) else [self.scales]
         object.__setattr__(self, 'scales', tuple(float(s) for s in scales))
         for name in ('crop_size', 'stride'):
             value = getattr(self, name)
             if value is not None:
-                object.__setattr__(self, name, tuple(int(v) for v in value))
-        if self.is_slide:
-            check_slide_args(self.crop_size, self.stride)
+                object.__setattr__(self, name, tuple(value))
 
     @classmethod
     def from_flags(cls, flags, test_config=None, aug_flag='--aug_eval'):
         """Command-line flags over the config's test_config over the defaults, checked.
 
         Args:
-            flags (dict): the inference flags given: ``aug_flag`` without dashes,
+            flags (dict): the inference flags given, by field name (``aug_eval``,
                 ``scales``, ``flip_horizontal``, ``flip_vertical``, ``aug_combine``,
-                ``is_slide``, ``crop_size``, ``stride``, ``precision``, ``amp_level``;
-                None where not given.
+                ``is_slide``, ``crop_size``, ``stride``, ``precision``, ``amp_level``),
+                as :func:`psanet.cli.add_inference_flags` parses them; None where not given.
             test_config (dict, optional): the config's ``test_config``. Default: None.
-            aug_flag (str, optional): '--aug_eval' (val.py) or '--aug_pred' (predict.py),
-                the switch's name in ``flags`` and in messages. Default: '--aug_eval'.
+            aug_flag (str, optional): how the command line spells the ``aug_eval``
+                switch in messages: '--aug_eval' (val.py) or '--aug_pred' (predict.py).
+                Default: '--aug_eval'.
 
         Raises:
             ConfigError: for a flag that would do nothing without the flag it needs
@@ -113,27 +110,19 @@ class InferenceOptions:
         if unknown:
             raise ConfigError(f'test_config has unknown keys {unknown}: known are '
                               f'{list(cls.TEST_CONFIG_KEYS)}.')
-        aug_key = aug_flag.lstrip('-')
-        names = {f.name for f in dataclasses.fields(cls)} - {'aug_eval'} | {aug_key}
+        names = {f.name for f in fields(cls)}
         extra = sorted(set(flags) - names)
         if extra:
             raise TypeError(f'not inference flags: {extra}; known are {sorted(names)}.')
-        given = {('aug_eval' if k == aug_key else k): v for k, v in flags.items()
-                 if v is not None}
+        given = {k: v for k, v in flags.items() if v is not None}
         _check_switches(given, test_config, aug_flag)
-        merged = {**test_config, **given}
 
-        def where(name):
+        def named_by(name):
             if name in given:
                 return aug_flag if name == 'aug_eval' else f'--{name}'
             return f'test_config.{name}'
 
-        _check_values(merged, where)
-        return cls(**merged)
-
-    def with_precision(self, precision, amp_level):
-        """These options in another precision (a training run's evaluations)."""
-        return dataclasses.replace(self, precision=precision, amp_level=amp_level)
+        return cls(**{**test_config, **given}, named_by=named_by)
 
 
 def _check_switches(given, test_config, aug_flag):
@@ -151,34 +140,42 @@ def _check_switches(given, test_config, aug_flag):
                               f'line or in test_config): add {needs} or drop --{name}.')
 
 
-def _check_values(values, where):
-    """Raises ConfigError for a bad value in ``values``, named by ``where(name)``."""
-    combine = values.get('aug_combine')
-    if combine is not None and combine not in AUG_COMBINES:
+def _check_inference(options, where):
+    """Raises ConfigError for a bad value of ``options``, named by ``where(name)``."""
+    if options.aug_combine not in AUG_COMBINES:
         raise ConfigError(f'{where("aug_combine")} must be one of '
-                          f'{" or ".join(AUG_COMBINES)}, got {combine!r}.')
-    scales = values.get('scales')
-    if scales is not None:
-        items = scales if isinstance(scales, (list, tuple)) else [scales]
-        if not items or not all(_positive_number(v) for v in items):
-            raise ConfigError(f'{where("scales")} must be positive numbers, e.g. 0.75 1.0 1.25, '
-                              f'got {scales!r}.')
+                          f'{" or ".join(AUG_COMBINES)}, got {options.aug_combine!r}.')
+    scales = options.scales
+    items = scales if isinstance(scales, (list, tuple)) else [scales]
+    if not items or not all(_positive_number(v) for v in items):
+        raise ConfigError(f'{where("scales")} must be positive numbers, e.g. 0.75 1.0 1.25, '
+                          f'got {scales!r}.')
     for name in ('crop_size', 'stride'):
-        value = values.get(name)
+        value = getattr(options, name)
         if value is None:
-            if values.get('is_slide'):
+            if options.is_slide:
                 raise ConfigError(f'--is_slide needs --{name} WIDTH HEIGHT (or '
                                   f'test_config.{name}): add it, e.g. --crop_size 1024 512 '
                                   '--stride 768 384.')
             continue
         if (not isinstance(value, (list, tuple)) or len(value) != 2 or
-                not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)):
+                not all(_positive_int(v) for v in value)):
             raise ConfigError(f'{where(name)} must be two positive integers (width height), '
                               f'got {value!r}.')
-    for name, choices in (('precision', PRECISIONS), ('amp_level', AMP_LEVELS)):
-        if name in values and values[name] not in choices:
+    if options.is_slide and any(s > c for s, c in zip(options.stride, options.crop_size)):
+        raise ConfigError(f'{where("stride")} {options.stride[0]} {options.stride[1]} is larger '
+                          f'than {where("crop_size")} {options.crop_size[0]} '
+                          f'{options.crop_size[1]}: windows would leave pixels unpredicted; use a '
+                          'stride no larger than the crop.')
+    _check_choices(where, precision=(options.precision, PRECISIONS),
+                   amp_level=(options.amp_level, AMP_LEVELS))
+
+
+def _check_choices(where, **values):
+    for name, (value, choices) in values.items():
+        if value not in choices:
             raise ConfigError(f'{where(name)} must be one of {" or ".join(choices)}, got '
-                              f'{values[name]!r}.')
+                              f'{value!r}.')
 
 
 def _positive_number(value):
@@ -186,8 +183,59 @@ def _positive_number(value):
             math.isfinite(value) and value > 0)
 
 
-# numpy's seeds are below 2**32.
-SEED_LIMIT = 2 ** 32
+def _positive_int(value):
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _check_positive(where, **values):
+    for name, value in values.items():
+        if not _positive_int(value):
+            raise ConfigError(f'{where(name)} must be a positive integer, got {value!r}.')
+
+
+def _check_not_negative(where, **values):
+    """Raises ConfigError unless each ``name=(value, what 0 means)`` is an int >= 0."""
+    for name, (value, zero) in values.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ConfigError(f'{where(name)} must be 0 ({zero}) or a positive integer, got '
+                              f'{value!r}.')
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    """An evaluation job: val.py's flags over the config's test_config.
+
+    Args:
+        inference (InferenceOptions): how each image is inferred. Default: the whole
+            image, fp32.
+        num_workers (int): DataLoader workers. Default: 0.
+        save_dir (str): also write the predictions (and, from val.py, the figures)
+            there. Default: None.
+        device (str): 'cpu' or 'gpu' for :func:`~psanet.core.val.evaluate_from_config`;
+            None: the GPU when Paddle sees one. Default: None.
+        print_detail (bool): show PaddleSeg's progress bar (rank 0) and log the
+            [EVAL] lines. Default: True.
+
+    Raises:
+        ConfigError: for a bad value, naming its flag.
+    """
+    inference: InferenceOptions = InferenceOptions()
+    num_workers: int = 0
+    save_dir: Optional[str] = None
+    device: Optional[str] = None
+    print_detail: bool = True
+
+    def __post_init__(self):
+        _check_not_negative(_flag, num_workers=(self.num_workers, 'load in the main process'))
+
+    @classmethod
+    def from_flags(cls, flags, test_config=None):
+        """val.py's flags (by field name; the inference ones as
+        :meth:`InferenceOptions.from_flags` takes them) over ``test_config``."""
+        own = {f.name for f in fields(cls)} - {'inference'}
+        inference = InferenceOptions.from_flags(
+            {k: v for k, v in flags.items() if k not in own}, test_config, '--aug_eval')
+        return cls(inference=inference, **{k: v for k, v in flags.items() if k in own})
 
 
 @dataclass(frozen=True)
@@ -201,22 +249,32 @@ class TrainOptions:
         save_interval (int): iterations between checkpoints (and evaluations). Default: 1000.
         log_iters (int): iterations between log lines. Default: 10.
         keep_checkpoint_max (int): iter_N folders kept (0: all). Default: 5.
-        num_workers (int): DataLoader workers per process. Default: 0.
         use_vdl (bool): write VisualDL scalars and evaluation figures to save_dir.
             Default: False.
         resume_model (str): an iter_N folder to continue from. Default: None.
         seed (int): base seed of augmentation and Dropout; None draws one (a resumed
             run takes the checkpoint's). Default: None.
-        precision (str): 'fp32', or 'fp16' (autocast + GradScaler, GPU only). Default: 'fp32'.
-        amp_level (str): 'O1' or 'O2'. Default: 'O1'.
         overwrite (bool): delete the checkpoints of another run in save_dir (or,
             resuming, those after resume_model) instead of refusing it. Default: False.
         sync_bn (bool): SyncBatchNorm when training on more than one GPU. Default: True.
         recipe_batch_size (int): images per step of the config's recipe (its batch_size
             on one card); with more than one process the start-of-training log line
             says which batch_size gives it. Default: None.
-        evaluation (InferenceOptions): how the evaluations infer (the config's
-            test_config, in ``precision``). Default: ``InferenceOptions()`` in ``precision``.
+        evaluation (EvalOptions): the evaluations (``evaluation.inference``: the
+            config's test_config), with what they share with the training loop:
+            ``num_workers`` (DataLoader workers per process) and the precision of
+            every forward (``inference.precision``, ``inference.amp_level``; for
+            training 'fp16' is autocast + GradScaler, GPU only). Read them as
+            ``options.num_workers``, ``options.precision``, ``options.amp_level``.
+            Default: ``EvalOptions()``: no workers, fp32.
+        device (str): 'cpu' or 'gpu' for :func:`~psanet.core.train.train_from_config`;
+            None: the GPU when Paddle sees one. Default: None.
+        do_eval (bool): ``train_from_config`` builds the val dataset and evaluates
+            every save_interval. Default: False.
+        config (str): the config file the run was built from, for train.log. Default: None.
+        named_by (callable, optional): field name -> how a message names it
+            (``from_config`` passes the flag or the config key); not stored.
+            Default: ``--<name>``.
 
     Raises:
         ConfigError: for a value out of range, naming its flag.
@@ -227,32 +285,75 @@ class TrainOptions:
     save_interval: int = 1000
     log_iters: int = 10
     keep_checkpoint_max: int = 5
-    num_workers: int = 0
     use_vdl: bool = False
     resume_model: Optional[str] = None
     seed: Optional[int] = None
-    precision: str = 'fp32'
-    amp_level: str = 'O1'
     overwrite: bool = False
     sync_bn: bool = True
     recipe_batch_size: Optional[int] = None
-    evaluation: Optional[InferenceOptions] = field(default=None)
+    evaluation: EvalOptions = EvalOptions()
+    device: Optional[str] = None
+    do_eval: bool = False
+    config: Optional[str] = None
+    named_by: InitVar[Optional[Callable]] = None
 
-    def __post_init__(self):
+    def __post_init__(self, named_by):
+        where = named_by or _flag
         schedule = {name: getattr(self, name) for name in ('iters', 'batch_size')
                     if getattr(self, name) is not None}
-        _check_positive(**schedule, save_interval=self.save_interval, log_iters=self.log_iters)
-        check_not_negative(num_workers=(self.num_workers, 'load in the main process'),
-                            keep_checkpoint_max=(self.keep_checkpoint_max,
-                                                 'keep every checkpoint'))
+        _check_positive(where, **schedule, save_interval=self.save_interval,
+                        log_iters=self.log_iters)
+        _check_not_negative(where, keep_checkpoint_max=(self.keep_checkpoint_max,
+                                                        'keep every checkpoint'))
         if self.seed is not None and (not isinstance(self.seed, int) or
                                       isinstance(self.seed, bool) or
                                       not 0 <= self.seed < SEED_LIMIT):
             raise ConfigError(f'--seed must be an integer from 0 to {SEED_LIMIT - 1} (what numpy '
                               f'and Paddle accept), got {self.seed!r}.')
-        evaluation = self.evaluation or InferenceOptions()
-        object.__setattr__(self, 'evaluation',
-                           evaluation.with_precision(self.precision, self.amp_level))
+
+    @property
+    def num_workers(self):
+        """DataLoader workers per process, of training and evaluations alike."""
+        return self.evaluation.num_workers
+
+    @property
+    def precision(self):
+        """'fp32' or 'fp16', of training and evaluations alike."""
+        return self.evaluation.inference.precision
+
+    @property
+    def amp_level(self):
+        """'O1' or 'O2' with fp16."""
+        return self.evaluation.inference.amp_level
+
+    @classmethod
+    def from_config(cls, cfg, num_workers=0, precision='fp32', amp_level='O1', **flags):
+        """train.py's flags over ``cfg`` (a :func:`~psanet.core.config.load_config` result).
+
+        ``iters`` and ``batch_size`` are the flags' when given, else the config's;
+        ``sync_bn``, the recipe's batch_size and the evaluations' test_config come
+        from the config; a bad value is named by its flag or by its config key.
+
+        Args:
+            cfg (paddleseg.cvlibs.Config): the config, with --opts applied.
+            num_workers (int, optional): train.py's --num_workers. Default: 0.
+            precision (str, optional): train.py's --precision. Default: 'fp32'.
+            amp_level (str, optional): train.py's --amp_level. Default: 'O1'.
+            **flags: train.py's other flags, by field name; None for iters and
+                batch_size takes the config's.
+        """
+        from_config = {name: cfg.dic.get(name) for name in ('iters', 'batch_size')
+                       if flags.get(name) is None}
+        evaluation = EvalOptions.from_flags(
+            {'num_workers': num_workers, 'precision': precision, 'amp_level': amp_level},
+            cfg.dic.get('test_config'))
+
+        def named_by(name):
+            return f'config {cfg.path}: {name}' if name in from_config else f'--{name}'
+
+        return cls(**{**flags, **from_config}, sync_bn=bool(cfg.dic.get('sync_bn', True)),
+                   recipe_batch_size=getattr(cfg, 'recipe_batch_size', None),
+                   evaluation=evaluation, config=cfg.path, named_by=named_by)
 
     def check_schedule(self):
         """Raises ConfigError unless iters and batch_size are set."""
@@ -260,17 +361,3 @@ class TrainOptions:
         if missing:
             raise ConfigError(f'training needs {" and ".join(missing)}: set them in the config '
                               f'or with --{" --".join(missing)}.')
-
-
-def _check_positive(**values):
-    for name, value in values.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ConfigError(f'--{name} must be a positive integer, got {value!r}.')
-
-
-def check_not_negative(**values):
-    """Raises ConfigError unless each ``name=(value, what 0 means)`` is an int >= 0."""
-    for name, (value, zero) in values.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ConfigError(f'--{name} must be 0 ({zero}) or a positive integer, got '
-                              f'{value!r}.')

@@ -1,10 +1,11 @@
 """A save_dir belongs to one training run: who may write there, a lock while it does, and its end.
 
 :func:`own_save_dir` refuses another run's checkpoints (or, with ``overwrite``,
-deletes them once the resumed checkpoint has loaded: :func:`clear_overwritten`),
-locks the folder while the run writes, and at the end, however it ends, removes
-the temporaries of an interrupted save. Only rank 0 checks and locks; the other
-ranks learn the outcome from one all-reduce. Why: docs/design.md.
+finds them for its :class:`RunFolder` to delete once the resumed checkpoint has
+loaded: :meth:`RunFolder.clear_overwritten`), locks the folder while the run
+writes, and at the end, however it ends, removes the temporaries of an
+interrupted save. Only rank 0 checks and locks; the other ranks learn the
+outcome from one all-reduce. Why: docs/design.md.
 """
 import contextlib
 import errno
@@ -18,12 +19,37 @@ from psanet.core import dist
 from psanet.errors import ConfigError
 from psanet.log import get_logger
 
-__all__ = ['LOCK_FILE', 'BEST_MODEL', 'own_save_dir', 'clear_overwritten']
+__all__ = ['LOCK_FILE', 'BEST_MODEL', 'RunFolder', 'own_save_dir']
 
 LOCK_FILE = '.train.lock'
 BEST_MODEL = 'best_model'
-# What --overwrite is to delete in each owned save_dir (rank 0), once the run has started.
-_PENDING = {}
+
+
+class RunFolder:
+    """The save_dir a run owns (:func:`own_save_dir` yields it).
+
+    Attributes:
+        path (str): the folder.
+        in_the_way (list): on rank 0 with ``overwrite``, the checkpoints of the other
+            run that :meth:`clear_overwritten` deletes; else empty.
+    """
+
+    def __init__(self, path, in_the_way=(), logger=None):
+        self.path = path
+        self.in_the_way = list(in_the_way)
+        self._logger = logger
+
+    def clear_overwritten(self):
+        """Deletes what ``overwrite`` is to delete; call it once the run has loaded the
+        checkpoint it resumes from. Does nothing the second time, on the other ranks or
+        without ``overwrite``."""
+        if not self.in_the_way:
+            return
+        (self._logger or get_logger()).warning(
+            f'--overwrite: deleting {_names(self.in_the_way)} of the previous run in '
+            f'{self.path}.')
+        ckpt.delete_checkpoints(self.in_the_way)
+        self.in_the_way = []
 
 
 @contextlib.contextmanager
@@ -38,11 +64,13 @@ def own_save_dir(save_dir, resume_model=None, overwrite=False, logger=None):
         logger (logging.Logger, optional): says what ``overwrite`` deletes. Default: the
             'psanet' logger on stdout.
 
+    Yields:
+        RunFolder: the folder, with what ``overwrite`` is to delete.
+
     Raises:
         ConfigError: on every rank, when the folder holds another run's checkpoints or
             another process trains in it.
     """
-    key = os.path.realpath(save_dir)
     lock, error, in_the_way = None, None, []
     if dist.is_main_process():
         try:
@@ -57,11 +85,8 @@ def own_save_dir(save_dir, resume_model=None, overwrite=False, logger=None):
                 raise error
             raise ConfigError(f'rank 0 refused --save_dir {save_dir}: its error says why '
                               '(workerlog.0 with paddle.distributed.launch).')
-        if lock is not None and in_the_way:
-            _PENDING[key] = (in_the_way, logger)
-        yield
+        yield RunFolder(save_dir, in_the_way if lock is not None else (), logger)
     finally:
-        _PENDING.pop(key, None)
         if lock is not None:
             ckpt.remove_stale_temporaries(save_dir)
             lock.release()
@@ -74,21 +99,9 @@ def _names(paths):
     return f'{", ".join(names[:2])}, ..., {", ".join(names[-2:])} ({len(names)} folders)'
 
 
-def clear_overwritten(save_dir):
-    """Deletes what ``--overwrite`` was to delete in ``save_dir``; call it once the run has
-    loaded the checkpoint it resumes from. Does nothing on the other ranks or without
-    ``--overwrite``."""
-    in_the_way, logger = _PENDING.pop(os.path.realpath(save_dir), (None, None))
-    if not in_the_way:
-        return
-    (logger or get_logger()).warning(f'--overwrite: deleting {_names(in_the_way)} of the '
-                                     f'previous run in {save_dir}.')
-    ckpt.delete_checkpoints(in_the_way)
-
-
 def _refuse_or_clear(save_dir, resume_model, overwrite):
     """Refuses the checkpoints a new run would mix with its own, or with ``overwrite``
-    returns them for :func:`clear_overwritten`."""
+    returns them for :meth:`RunFolder.clear_overwritten`."""
     if resume_model is not None and not os.path.isdir(resume_model):
         return []  # load_checkpoint says what is wrong with it
     checkpoints = ckpt.list_checkpoints(save_dir)

@@ -24,7 +24,7 @@ from psanet.core.checkpoint import load_model_weights, resolve_weights_path
 from psanet.core.config import ComponentBuilder, load_config
 from psanet.core.loader import build_eval_loader, raise_if_error, sample_paths
 from psanet.core.metrics import class_areas, confusion_matrix, summarize
-from psanet.core.options import InferenceOptions, check_not_negative
+from psanet.core.options import EvalOptions
 from psanet.core.runtime import autocast, progress_bar, set_device
 from psanet.data.prepare_cityscapes import train_ids_to_label_ids
 from psanet.data.validate import IMAGE_SUFFIX
@@ -83,22 +83,19 @@ def format_report(result):
     return lines
 
 
-def evaluate(model, dataset, options=None, num_workers=0, losses=None, save_dir=None,
-             print_detail=True, logger=None):
+def evaluate(model, dataset, options=None, losses=None, logger=None):
     """Evaluates ``model`` on ``dataset`` (this rank's share; areas summed over ranks).
 
     Args:
         model (paddle.nn.Layer): the model (not a DataParallel wrapper).
         dataset (paddle.io.Dataset): a paddleseg dataset in 'val' mode.
-        options (InferenceOptions, optional): how each image is inferred (windows,
-            scales and flips, precision). Default: the whole image, fp32.
-        num_workers (int, optional): DataLoader workers. Default: 0.
+        options (EvalOptions, optional): how each image is inferred (``inference``:
+            windows, scales and flips, precision), DataLoader workers, where the
+            predictions go, whether to print the detail. Default: ``EvalOptions()``,
+            the whole image in fp32.
         losses (dict, optional): the training losses; when given (and not
             aug_eval) the validation loss of the main logit (its coef times its
             loss, averaged over images) is reported too. Default: None.
-        save_dir (str, optional): also write predictions there. Default: None.
-        print_detail (bool, optional): show PaddleSeg's progress bar (on stderr, rank 0)
-            and log its [EVAL] lines. Default: True.
         logger (logging.Logger, optional): Default: the 'psanet' logger.
 
     Returns:
@@ -109,22 +106,22 @@ def evaluate(model, dataset, options=None, num_workers=0, losses=None, save_dir=
         (None unless computed).
     """
     logger = logger or get_logger()
-    options = options or InferenceOptions()
+    options = options or EvalOptions()
     was_training = model.training
     model.eval()
-    loader, sampler = build_eval_loader(dataset, num_workers=num_workers)
+    loader, sampler = build_eval_loader(dataset, num_workers=options.num_workers)
     num_classes, ignore_index = dataset.num_classes, dataset.ignore_index
     areas = np.zeros([3, num_classes], dtype='int64')
     confusion = np.zeros([num_classes, num_classes], dtype='int64')
     loss_sum, loss_count = 0.0, 0
-    with_loss = losses is not None and not options.aug_eval
+    with_loss = losses is not None and not options.inference.aug_eval
     total = len(sampler)
-    if print_detail:
+    if options.print_detail:
         logger.info(f'Start evaluating (total_samples: {len(dataset)}, this rank: {total})...')
     batch_cost, reader_cost = TimeAverager(), TimeAverager()
     start = time.time()
     # PaddleSeg's evaluate shows this bar; only rank 0 updates it.
-    with paddle.no_grad(), progress_bar(total, print_detail) as bar:
+    with paddle.no_grad(), progress_bar(total, options.print_detail) as bar:
         for step, data in enumerate(loader):
             if interrupts.requested():
                 break  # every rank hears of the stop in the sum below
@@ -132,8 +129,8 @@ def evaluate(model, dataset, options=None, num_workers=0, losses=None, save_dir=
             raise_if_error(data)
             image, label = data['img'], data['label']
             trans_info = data['trans_info'][0]
-            with autocast(options.precision, options.amp_level):
-                score = inference.inference(model, image, trans_info, options)
+            with autocast(options.inference.precision, options.inference.amp_level):
+                score = inference.inference(model, image, trans_info, options.inference)
             score = score.astype('float32')
             if list(score.shape[-2:]) != list(label.shape[-2:]):
                 raise ConfigError(
@@ -147,10 +144,10 @@ def evaluate(model, dataset, options=None, num_workers=0, losses=None, save_dir=
                 coef, loss_fn = losses['coef'][0], losses['types'][0]
                 loss_sum += float(coef * loss_fn(score, label.squeeze(1)))
                 loss_count += 1
-            if save_dir is not None:
+            if options.save_dir is not None:
                 index = data['index'][0]
                 image_path = sample_paths(dataset, index)[0] or f'{index:06d}.png'
-                _write_prediction(pred.numpy()[0, 0], image_path, dataset, save_dir)
+                _write_prediction(pred.numpy()[0, 0], image_path, dataset, options.save_dir)
             batch_cost.record(time.time() - start, num_samples=1)
             if bar is not None and dist.rank() == 0:
                 bar.update(step + 1, [('batch_cost', batch_cost.get_average()),
@@ -171,51 +168,47 @@ def evaluate(model, dataset, options=None, num_workers=0, losses=None, save_dir=
     result['confusion_matrix'] = counts[areas.size:].reshape(num_classes, num_classes)
     result['num_images'] = len(dataset)
     result['loss'] = float(summed[-2] / summed[-1]) if with_loss and summed[-1] > 0 else None
-    if print_detail:
+    if options.print_detail:
         for line in format_report(result):
             logger.info(line)
-        if save_dir is not None:
-            logger.info(f'[EVAL] predictions written to {save_dir}')
+        if options.save_dir is not None:
+            logger.info(f'[EVAL] predictions written to {options.save_dir}')
     if was_training:
         model.train()
     return result
 
 
-def evaluate_from_config(config, model_path, device=None, num_workers=0, save_dir=None,
-                         opts=None, **flags):
+def evaluate_from_config(config, model_path, opts=None, **flags):
     """val.py: builds the model and val dataset from ``config``, loads ``model_path`` and evaluates.
 
     Args:
         config (str): the config file.
         model_path (str): model.pdparams or a checkpoint folder.
-        device (str, optional): 'cpu' or 'gpu'; None: the GPU when Paddle sees one.
-        num_workers (int, optional): DataLoader workers. Default: 0.
-        save_dir (str, optional): also write the predictions there. Default: None.
         opts (list, optional): ``key=value`` config overrides. Default: None.
-        **flags: val.py's inference flags (``aug_eval``, ``scales``, ... see
-            :class:`InferenceOptions`); None, or absent, takes the config's test_config.
+        **flags: val.py's other flags, by field name: ``device``, ``num_workers``,
+            ``save_dir`` (see :class:`EvalOptions`) and the inference flags
+            (``aug_eval``, ``scales``, ... see :class:`InferenceOptions`; None, or
+            absent, takes the config's test_config).
 
     Returns:
         dict: the result of :func:`evaluate`.
     """
-    check_not_negative(num_workers=(num_workers, 'load in the main process'))
-    set_device(device)
+    cfg = load_config(config, opts=opts)
+    options = EvalOptions.from_flags(flags, cfg.dic.get('test_config'))
+    set_device(options.device)
     dist.init_parallel()
     logger = get_logger()
     resolve_weights_path(model_path)  # a wrong path fails before any building
-    if save_dir is not None:
-        check_save_dir(save_dir)
-    cfg = load_config(config, opts=opts)
-    options = InferenceOptions.from_flags(flags, cfg.dic.get('test_config'), '--aug_eval')
+    if options.save_dir is not None:
+        check_save_dir(options.save_dir)
     builder = ComponentBuilder(cfg, weights_follow=True)
     dataset = builder.dataset('val')
     model = builder.model
     path = load_model_weights(model, model_path)
     logger.info(f'Loaded weights {path}')
-    result = evaluate(model, dataset, options, num_workers=num_workers, save_dir=save_dir,
-                      logger=logger)
-    if save_dir is not None and dist.is_main_process():
+    result = evaluate(model, dataset, options, logger=logger)
+    if options.save_dir is not None and dist.is_main_process():
         figures = write_evaluation_figures(result, class_names(dataset.num_classes, dataset),
-                                           save_dir)
+                                           options.save_dir)
         logger.info(f'[EVAL] per-class IoU and confusion matrix drawn in {", ".join(figures)}')
     return result
