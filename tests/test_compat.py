@@ -220,7 +220,7 @@ def _stderr_of(code):
 
 
 def test_batchnorm_notice_is_still_printed_by_this_paddle():
-    """19: when this fails, Paddle no longer prints the notice: delete BATCHNORM_NOTICE."""
+    """20: when this fails, Paddle no longer prints the notice: delete BATCHNORM_NOTICE."""
     assert compat.BATCHNORM_NOTICE in _stderr_of(_BATCHNORM_FORWARD)
 
 

@@ -134,7 +134,7 @@ def test_predict_augmented_and_sliding_window(tmp_path, setup):
     for aug_combine, want in expected.items():
         out = str(tmp_path / f'aug_{aug_combine}')
         predict_from_config(config, weights, str(images / 'a.png'), save_dir=out, device='cpu',
-                            aug_pred=True, flip_horizontal=True, scales=[1.0],
+                            aug_eval=True, flip_horizontal=True, scales=[1.0],
                             aug_combine=aug_combine)
         assert not np.array_equal(want.argmax(1), logits(image).argmax(1))
         got = np.asarray(Image.open(os.path.join(out, 'pseudo_color_prediction', 'a.png')))

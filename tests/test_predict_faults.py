@@ -188,13 +188,13 @@ def test_too_large_a_scale_is_refused_with_a_scale_that_fits(mini, tmp_path, cap
     _, runs = little_memory
     image = write_image(tmp_path / 'small.png', (128, 96))
     code, err = _cli(capsys, MINI_CONFIG, weights, image, save_dir=str(tmp_path / 'out'),
-                     aug_pred=True, scales=[1.0, 2.0])
+                     aug_eval=True, scales=[1.0, 2.0])
     assert code == 2 and runs == []  # not even scale 1.0 ran
     assert 'a 256x192 network input' in err
     scale = float(re.search(r'--scales no larger than ([0-9.]+)', err).group(1))
     assert 1.0 <= scale < 2.0
     predict_from_config(MINI_CONFIG, weights, image, save_dir=str(tmp_path / 'out'),
-                        device='cpu', aug_pred=True, scales=[1.0, scale])
+                        device='cpu', aug_eval=True, scales=[1.0, scale])
     assert runs
 
 

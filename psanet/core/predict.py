@@ -145,7 +145,7 @@ def predict_from_config(config, model_path, image_path, save_dir='output/result'
         device (str, optional): 'cpu' or 'gpu'; None: the GPU when Paddle sees one.
         custom_color (list, optional): r g b values for classes 0, 1, ... Default: None.
         opts (list, optional): ``key=value`` config overrides. Default: None.
-        **flags: predict.py's inference flags (``aug_pred``, ``scales``, ... see
+        **flags: predict.py's inference flags (``aug_eval`` from --aug_pred, ``scales``, ... see
             :class:`InferenceOptions`); None, or absent, takes the config's test_config.
 
     Returns:
