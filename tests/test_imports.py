@@ -235,3 +235,17 @@ def test_no_function_outside_the_models_takes_more_than_eight_parameters():
                 if len(names) > 8:
                     crowded.append(f'{name}.{node.name} ({len(names)})')
     assert not crowded, crowded
+
+
+# A module a reader takes in as one page: split by subject past this.
+MODULE_LINE_LIMIT = 500
+
+
+def test_no_module_of_the_package_is_over_500_lines():
+    long = []
+    for name, path in sorted(_modules().items()):
+        with open(path, encoding='utf-8') as f:
+            count = sum(1 for _ in f)
+        if count > MODULE_LINE_LIMIT:
+            long.append(f'{name} ({count} lines)')
+    assert not long, f'split by subject: {long}'
