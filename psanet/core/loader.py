@@ -170,10 +170,10 @@ class _Loader(paddle.io.DataLoader):
                          worker_init_fn=interrupts.worker_init)
 
     def __iter__(self):
-        # Paddle's worker installs a SIGTERM handler that dies of a SIGTERM not sent by
-        # its parent before it runs worker_init: the workers fork with SIGINT and SIGTERM
-        # blocked (worker_init unblocks them), and one sent to this process meanwhile
-        # reaches its handler when they are unblocked here.
+        # Before worker_init, Paddle's worker loop installs a SIGTERM handler that dies of
+        # any SIGTERM its parent did not send (docs/reliability.md): the workers fork with
+        # SIGINT and SIGTERM blocked (worker_init unblocks them), and one sent to this
+        # process meanwhile reaches its handler when they are unblocked here.
         held = signal.pthread_sigmask(signal.SIG_BLOCK, interrupts.HANDLED)
         try:
             batches = super().__iter__()
