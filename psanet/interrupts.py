@@ -72,7 +72,8 @@ def raise_if_requested():
 
 def worker_init(worker_id=None):
     """``worker_init_fn`` of the engine's DataLoaders: a worker ignores Ctrl-C and SIGTERM,
-    which a terminal, a scheduler or the launcher send to its whole process group; the
-    main process ends it when it stops."""
+    which a terminal, a scheduler or the launcher send to its process group (the main process
+    ends it), then unblocks them (it forks with them blocked: one sent meanwhile is dropped)."""
     for signum in HANDLED:
         signal.signal(signum, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED)

@@ -185,6 +185,50 @@ def test_a_child_forked_before_its_worker_init_only_records():
         assert interrupts.requested() is None  # the child's record is its own
 
 
+GROUP_SIGTERM_AS_WORKERS_START = textwrap.dedent('''
+    import json, os, signal, sys
+    sys.path.insert(0, {root!r})
+    import numpy as np
+    import paddle
+    from psanet import interrupts
+    from psanet.core import loader
+
+    class Samples(paddle.io.Dataset):
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, index):
+            return {{'img': np.zeros([1, 2, 2], 'float32'), 'label': np.zeros([2, 2], 'int64'),
+                     'trans_info': [], 'index': index}}
+
+    worker_init = interrupts.worker_init
+
+    def signal_the_group_first(worker_id):
+        # After Paddle's own worker set-up, just before worker_init: the window. The sender
+        # is a worker, as for a scheduler's or a terminal's signal, not the parent.
+        if worker_id == 0:
+            os.killpg(0, signal.SIGTERM)
+        worker_init(worker_id)
+
+    interrupts.worker_init = signal_the_group_first
+    with interrupts.stop_at_boundaries():
+        batches = loader._Loader(Samples(), paddle.io.BatchSampler(Samples(), batch_size=2), 2)
+        indices = [int(i) for batch in batches for i in batch['index']]
+        print(json.dumps({{'indices': indices, 'requested': interrupts.requested()}}))
+''')
+
+
+def test_a_group_sigterm_before_worker_init_leaves_the_workers_to_the_main_process(tmp_path):
+    script = tmp_path / 'group_sigterm.py'
+    script.write_text(GROUP_SIGTERM_AS_WORKERS_START.format(root=ROOT))
+    done = run_process([sys.executable, str(script)], timeout=120, capture_output=True,
+                       text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    # Every worker lived to read its batches; the main process recorded the signal.
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {
+        'indices': list(range(8)), 'requested': signal.SIGTERM}
+
+
 def test_the_signal_module_is_a_small_leaf():
     with open(interrupts.__file__) as f:
         source = f.read()

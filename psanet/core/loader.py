@@ -8,6 +8,7 @@ Why each: docs/design.md.
 """
 import os
 import random
+import signal
 import traceback
 
 import cv2
@@ -169,7 +170,15 @@ class _Loader(paddle.io.DataLoader):
                          worker_init_fn=interrupts.worker_init)
 
     def __iter__(self):
-        batches = super().__iter__()
+        # Before worker_init, Paddle's worker loop installs a SIGTERM handler that dies of
+        # any SIGTERM its parent did not send (docs/reliability.md): the workers fork with
+        # SIGINT and SIGTERM blocked (worker_init unblocks them), and one sent to this
+        # process meanwhile reaches its handler when they are unblocked here.
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, interrupts.HANDLED)
+        try:
+            batches = super().__iter__()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
         try:
             yield from batches
         finally:
