@@ -104,7 +104,9 @@ def run(args, work):
     from psanet.deploy.predictor import PaddleRunner, PredictorOptions
     from psanet.deploy.processing import preprocess
     from psanet.deploy.runtimes import PACKAGES, OpenVinoRunner, create_runner, installed
-    from psanet.export import ExportOptions, export_model
+    from psanet.deploy.quantize import check_quantize_tools
+    from psanet.errors import ConfigError
+    from psanet.export import ONNX_INSTALL, ExportOptions, export_model, onnx_tools_installed
 
     paddle.set_device('cpu')
     config = args.config or sorted(glob.glob(os.path.join(ROOT, 'configs/psanet/*mini*.yml')))[0]
@@ -115,13 +117,24 @@ def run(args, work):
     model.eval()
     images, label_paths, calib = _images(args, cfg, work)
     transforms = cfg.dic['val_dataset']['transforms']
+    skipped = []
+    onnx = onnx_tools_installed()
+    quantize = onnx
+    if not onnx:
+        skipped.append(f'the ONNX rows and INT8 (the ONNX export needs them: {ONNX_INSTALL})')
+    else:
+        try:
+            check_quantize_tools()
+        except ConfigError as error:
+            quantize = False
+            skipped.append(f'INT8 ({error})')
     exports = {}
     for impl in ('custom', 'paddle'):
         exports[impl] = os.path.join(work, impl)
-        quantize = impl == 'paddle' and installed('onnxruntime')
         export_model(model, transforms, exports[impl], ExportOptions(
-            output_op='none', psa_impl=impl, onnx=impl == 'paddle',
-            quantize='int8' if quantize else None, calib_images=calib, calib_num=args.calib_num))
+            output_op='none', psa_impl=impl, onnx=onnx and impl == 'paddle',
+            quantize='int8' if quantize and impl == 'paddle' else None, calib_images=calib,
+            calib_num=args.calib_num))
     compose = DeployConfig(exports['custom']).build_transforms()
     singles = [preprocess([path], compose)[0] for path in images]
     batches = [np.concatenate(singles[i:i + args.batch_size])
@@ -139,9 +152,8 @@ def run(args, work):
                 enable_mkldnn=mkldnn, cpu_threads=args.cpu_threads))
             runtimes.append((f'Paddle Inference, {impl} op, oneDNN {"on" if mkldnn else "off"}',
                              runner.run))
-    skipped = []
     paddle_export = DeployConfig(exports['paddle'])
-    for runtime in ('onnxruntime', 'openvino'):
+    for runtime in ('onnxruntime', 'openvino') if onnx else ():
         if not installed(runtime):
             skipped.append(f'{runtime} (pip install {PACKAGES[runtime]})')
             continue
@@ -188,7 +200,8 @@ def run(args, work):
     print(f'PSANet {os.path.basename(config)}, weights {args.model_path or "initial"}, '
           f'{len(images)} {source} of {singles[0].shape[3]}x{singles[0].shape[2]}, batch '
           f'{args.batch_size}, {args.cpu_threads} CPU thread(s), {args.warmup} warm-up '
-          f'batches, {args.rounds} rounds, INT8 calibrated on {args.calib_num} other images, '
+          f'batches, {args.rounds} rounds, '
+          + (f'INT8 calibrated on {args.calib_num} other images, ' if quantize else '') +
           f'paddle {paddle.__version__}, load average {os.getloadavg()[0]:.1f} on '
           f'{os.cpu_count()} CPUs')
     miou = ' mIoU |' if truths else ''
