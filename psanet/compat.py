@@ -86,7 +86,7 @@ that need it; the check that turns it off; where it lives.
    before 3.1.1, only the generic ``Place`` a tensor reports; the default device
    (``_current_expected_place()``) is such a class. It is wrapped in a generic
    ``Place``. None filed. Paddle 3.0 (3.1.0 not tried). ``PLACE_KIND.needed()``.
-   ``generic_place``, used by psanet/core/inference.py.
+   ``generic_place``, used by psanet/core/memory.py.
 16. ``paddle.jit.save`` of a Layer wrapping another replaces the inner Layer's
    ``forward`` with a ``WeakMethod`` on 3.0.0, so a later export of that model
    itself (``--output_op none``) fails ("'WeakMethod' object has no attribute
@@ -248,6 +248,7 @@ def generic_place(place=None):
 def free_gpu_memory(device):
     """Bytes free on GPU ``device`` as CUDA reports them (19); Paddle 3.0 to 3.2 read the
     current device."""
+    import paddle
     if not FREE_GPU_MEMORY.needed():
         return int(paddle.cuda.mem_get_info(device)[0])
     return int(paddle.base.core.gpu_memory_available())

@@ -173,3 +173,21 @@ def test_free_gpu_memory_record_matches_this_paddle():
     where it says it is there."""
     has_api = hasattr(getattr(paddle, 'cuda', None), 'mem_get_info')
     assert has_api == (not compat.FREE_GPU_MEMORY.needed())
+
+
+def test_free_gpu_memory_reads_what_cuda_reports(monkeypatch):
+    """The GPU reading runs on CPU builds too, with CUDA's answer stood in: it returns the
+    free bytes of the device it is asked about."""
+    asked = []
+
+    def mem_get_info(device):
+        asked.append(device)
+        return (123 * 2 ** 20, 456 * 2 ** 20)
+
+    if compat.FREE_GPU_MEMORY.needed():
+        monkeypatch.setattr(paddle.base.core, 'gpu_memory_available', lambda: 77 * 2 ** 20,
+                            raising=False)
+        assert compat.free_gpu_memory(0) == 77 * 2 ** 20
+    else:
+        monkeypatch.setattr(paddle.cuda, 'mem_get_info', mem_get_info)
+        assert compat.free_gpu_memory(1) == 123 * 2 ** 20 and asked == [1]

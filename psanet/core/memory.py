@@ -211,19 +211,19 @@ def check_attention_memory(model, image, scales=None, is_slide=False, crop_size=
             window (``--is_slide --crop_size``) or scale that fits.
     """
     height, width = int(image.shape[-2]), int(image.shape[-1])
-    if _plan(model, image, height, width) is None:
-        return
-    available = available_memory(image.place)
-    if available is None:
-        return
     worst = None
     for scale in scales or [1.0]:
         h, w = scaled_size(height, width, scale)
         if is_slide:
             h, w = min(h, int(crop_size[1])), min(w, int(crop_size[0]))
         need = _plan(model, image, h, w)
+        if need is None:  # no attention to plan for
+            return
         if worst is None or need.peak_bytes > worst[0].peak_bytes:
             worst = (need, h, w)
+    available = available_memory(image.place)
+    if available is None:
+        return
     need, h, w = worst
     if need.peak_bytes <= available:
         return

@@ -393,6 +393,7 @@ def train_from_config(config, learning_rate=None, opts=None, **flags):
     """
     cfg = load_config(config, learning_rate=learning_rate, opts=opts)
     options = TrainOptions.from_config(cfg, **flags)  # checked before anything is built or written
+    options.check_schedule()
     set_schedule(cfg, options.iters, options.batch_size)
     set_device(options.device)
     dist.init_parallel()

@@ -12,10 +12,10 @@ Why this path and its figures: docs/deploy.md ("INT8 on the CPU").
 """
 import importlib.util
 import os
-import re
 
 import yaml
 
+from psanet.compat import parse_version
 from psanet.contract import DEPLOY_SECTION, get_image_list
 from psanet.errors import ConfigError
 from psanet.log import get_logger
@@ -41,8 +41,7 @@ def quantiser_too_old():
         version = metadata.version('onnxruntime')
     except metadata.PackageNotFoundError:
         return None
-    numbers = tuple(int(n) for n in re.findall(r'\d+', version)[:2])
-    return f'onnxruntime {version}' if numbers < MIN_ONNXRUNTIME else None
+    return f'onnxruntime {version}' if parse_version(version) < MIN_ONNXRUNTIME else None
 
 
 def check_quantize_tools():

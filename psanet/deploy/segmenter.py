@@ -109,7 +109,7 @@ class Segmenter:
         (:class:`psanet.deploy.predictor.PredictorOptions`: TensorRT, precision, ...), as
         deploy/python/infer.py runs it; ``backend`` None picks as ``from_export`` does."""
         options = options or PredictorOptions()
-        _checked_batch_size(batch_size)  # before a runner is made
+        batch_size = _checked_batch_size(batch_size)  # before a runner is made
         transforms = deploy.build_transforms()
         backend = backend or default_runtime(deploy, options.device, int8)
         runner = create_runner(deploy, backend, options, int8)
