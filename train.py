@@ -40,7 +40,10 @@ def parse_args(argv=None):
                         help='Evaluate every save_interval and keep best_model/.')
     parser.add_argument('--use_vdl', action='store_true',
                         help='Write VisualDL scalars, and the evaluation figures as images.')
-    parser.add_argument('--resume_model', default=None, help='An iter_N folder to continue from.')
+    parser.add_argument('--resume_model', default=None,
+                        help='An iter_N folder to continue from, or auto: the newest checkpoint '
+                        'in --save_dir that loads, else start (so the same command can be run '
+                        'again after any stop).')
     parser.add_argument('--overwrite', action='store_true',
                         help='Delete the checkpoints (iter_N, best_model) another run left in '
                         '--save_dir, or those after --resume_model, and start over; without it '

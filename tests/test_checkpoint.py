@@ -162,8 +162,11 @@ def test_load_checkpoint_errors(tmp_path):
     os.remove(tmp_path / 'iter_5' / ckpt.OPTIMIZER_FILE)
     with pytest.raises(CheckpointError, match='has no model.pdopt'):
         ckpt.load_checkpoint(str(tmp_path / 'iter_5'))
-    # A paddleseg checkpoint (no train_state.json) resumes from the iteration in its name.
+    # Without train_state.json (deleted, or paddleseg's) the seed and data order are unknown.
     ckpt.save_checkpoint(str(tmp_path / 'iter_5'), model, optimizer)
+    with pytest.raises(CheckpointError, match='has no train_state.json'):
+        ckpt.load_checkpoint(str(tmp_path / 'iter_5'))
+    ckpt.save_checkpoint(str(tmp_path / 'iter_5'), model, optimizer, {'iteration': 5})
     assert ckpt.load_checkpoint(str(tmp_path / 'iter_5'))[2] == {'iteration': 5}
     with open(tmp_path / 'iter_5' / ckpt.WEIGHTS_FILE, 'wb') as f:
         f.write(b'not a pickle')

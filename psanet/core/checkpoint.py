@@ -23,8 +23,9 @@ from psanet.errors import CheckpointError, few
 from psanet.log import get_logger
 from psanet.models.reproduction import convert_reproduction_state, is_reproduction_state
 
-__all__ = ['WEIGHTS_FILE', 'OPTIMIZER_FILE', 'STATE_FILE', 'save_checkpoint', 'list_checkpoints',
-           'checkpoint_iteration', 'prune_checkpoints', 'delete_checkpoints',
+__all__ = ['WEIGHTS_FILE', 'OPTIMIZER_FILE', 'STATE_FILE', 'save_checkpoint',
+           'list_checkpoints', 'newest_loadable_checkpoint', 'checkpoint_iteration',
+           'prune_checkpoints', 'delete_checkpoints',
            'remove_stale_temporaries', 'load_checkpoint', 'resolve_weights_path',
            'check_state_fits', 'check_finite', 'load_model_weights', 'parameter_names',
            'rename_optimizer_state', 'convert_reproduction_file']
@@ -175,8 +176,9 @@ def load_checkpoint(path):
 
     Returns:
         tuple: (model state_dict, optimizer state_dict, training state dict).
-            The training state of a checkpoint without train_state.json (e.g.
-            from paddleseg) holds only ``iteration``, parsed from the folder name.
+
+    Raises:
+        CheckpointError: naming the file that is missing or cannot be read.
     """
     fix = 'pass another iter_N folder of the same save_dir to --resume_model.'
     if not os.path.isdir(path):
@@ -185,23 +187,62 @@ def load_checkpoint(path):
     for name in (WEIGHTS_FILE, OPTIMIZER_FILE):
         if not os.path.isfile(os.path.join(path, name)):
             raise CheckpointError(f'--resume_model {path} has no {name}: {fix}')
+    state_path = os.path.join(path, STATE_FILE)
+    if not os.path.isfile(state_path):
+        # Without it the seed and the data order are unknown: the run would go on differently.
+        match = _ITER_DIR.match(os.path.basename(os.path.normpath(path)))
+        iteration = match.group(1) if match else 'N'
+        raise CheckpointError(
+            f'--resume_model {path} has no {STATE_FILE} (the iteration, seed and data order '
+            f'an exact resume needs): {fix} A checkpoint of paddleseg\'s own train.py has none: '
+            f'write {{"iteration": {iteration}}} into {state_path} to continue it with a new '
+            'seed and data order.')
+    state = read_json(state_path, lambda reason: CheckpointError(
+        f'training state {state_path} cannot be read ({reason}): {fix}'))
+    iteration = state.get('iteration') if isinstance(state, dict) else None
+    if not isinstance(iteration, int) or isinstance(iteration, bool) or iteration < 0:
+        raise CheckpointError(f'training state {state_path}: "iteration" must be a '
+                              f'non-negative integer, got {iteration!r}: {fix}')
     model_state = _load(os.path.join(path, WEIGHTS_FILE), 'model weights', fix)
     optimizer_state = _load(os.path.join(path, OPTIMIZER_FILE), 'optimizer state', fix)
-    state_path = os.path.join(path, STATE_FILE)
-    if os.path.isfile(state_path):
-        state = read_json(state_path, lambda reason: CheckpointError(
-            f'training state {state_path} cannot be read ({reason}): {fix}'))
-        iteration = state.get('iteration') if isinstance(state, dict) else None
-        if not isinstance(iteration, int) or isinstance(iteration, bool) or iteration < 0:
-            raise CheckpointError(f'training state {state_path}: "iteration" must be a '
-                                  f'non-negative integer, got {iteration!r}: {fix}')
-    else:
-        match = _ITER_DIR.match(os.path.basename(os.path.normpath(path)))
-        if not match:
-            raise CheckpointError(f'--resume_model {path} has no {STATE_FILE} and is not named '
-                                  f'iter_N, so the iteration to resume from is unknown: {fix}')
-        state = {'iteration': int(match.group(1))}
     return model_state, optimizer_state, state
+
+
+def newest_loadable_checkpoint(save_dir, logger=None):
+    """The newest ``iter_N`` of ``save_dir`` that loads whole, for ``--resume_model auto``.
+
+    A newer one that does not load (cut short, a file missing) is named in a
+    warning and passed over; nothing is deleted.
+
+    Returns:
+        tuple: (N, path, what :func:`load_checkpoint` returns), or None when
+        ``save_dir`` holds no ``iter_N`` folder.
+
+    Raises:
+        CheckpointError: when there are ``iter_N`` folders and none of them loads.
+    """
+    if not os.path.isdir(save_dir):
+        return None
+    folders = sorted((int(match.group(1)), os.path.join(save_dir, name))
+                     for name in os.listdir(save_dir) for match in [_ITER_DIR.match(name)]
+                     if match and os.path.isdir(os.path.join(save_dir, name)))
+    failures = []
+    for iteration, path in reversed(folders):
+        try:
+            return iteration, path, load_checkpoint(path)
+        except CheckpointError as error:
+            reason = str(error).replace(f'--resume_model {path} ', '').split(': pass ')[0]
+            reason = reason.splitlines()[0][:300] if reason else type(error).__name__
+            failures.append(f'{os.path.basename(path)}: {reason}')
+            (logger or get_logger()).warning(
+                f'--resume_model auto: {path} does not load ({reason}); trying the checkpoint '
+                'before it. It stays as it is until this run saves that iteration again.')
+    if not failures:
+        return None
+    raise CheckpointError(
+        f'--resume_model auto: no checkpoint in --save_dir {save_dir} loads '
+        f'({few(failures, 3)}): restore one, pass a --save_dir of another run, or start '
+        'over in a new --save_dir (nothing was deleted).')
 
 
 def parameter_names(model):

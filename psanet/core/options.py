@@ -17,8 +17,8 @@ from typing import Callable, Optional, Tuple
 
 from psanet.errors import ConfigError
 
-__all__ = ['InferenceOptions', 'EvalOptions', 'TrainOptions', 'AUG_COMBINES', 'PRECISIONS',
-           'AMP_LEVELS']
+__all__ = ['InferenceOptions', 'EvalOptions', 'TrainOptions', 'RESUME_AUTO', 'training_recipe',
+           'AUG_COMBINES', 'PRECISIONS', 'AMP_LEVELS']
 
 # How aug_eval combines scales and flips: the mean of the logits (paddleseg 2.8's
 # aug_inference), or the mean of their softmax.
@@ -238,6 +238,35 @@ class EvalOptions:
         return cls(inference=inference, **{k: v for k, v in flags.items() if k in own})
 
 
+RESUME_AUTO = 'auto'  # --resume_model auto: the newest checkpoint of --save_dir that loads
+# Keys that name where files are, not what is trained: a moved dataset resumes.
+_WHERE_KEYS = ('dataset_root', 'train_path', 'val_path', 'pretrained')
+
+
+def training_recipe(config, iters, batch_size):
+    """What a checkpoint records of a config: the model, loss, optimizer, LR schedule,
+    training data and its transforms, iters and batch_size (not file locations).
+
+    Args:
+        config (dict): a loaded config's sections (``cfg.dic``).
+        iters (int): the run's iterations (the flag's or the config's).
+        batch_size (int): the run's images per process.
+
+    Returns:
+        dict: JSON-able.
+    """
+    def plain(value):
+        if isinstance(value, dict):
+            return {str(k): plain(v) for k, v in value.items() if k not in _WHERE_KEYS}
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        return value if value is None or isinstance(value, (bool, int, float, str)) else str(value)
+
+    recipe = {name: plain(config[name]) for name in
+              ('model', 'loss', 'optimizer', 'lr_scheduler', 'train_dataset') if name in config}
+    return {**recipe, 'iters': iters, 'batch_size': batch_size}
+
+
 @dataclass(frozen=True)
 class TrainOptions:
     """The training loop's settings: train.py's flags, the config's schedule filled in.
@@ -251,7 +280,9 @@ class TrainOptions:
         keep_checkpoint_max (int): iter_N folders kept (0: all). Default: 5.
         use_vdl (bool): write VisualDL scalars and evaluation figures to save_dir.
             Default: False.
-        resume_model (str): an iter_N folder to continue from. Default: None.
+        resume_model (str): an iter_N folder to continue from; ``'auto'``: the newest
+            checkpoint in save_dir that loads, else start (the same command can be run
+            again after any stop). Default: None.
         seed (int): base seed of augmentation and Dropout; None draws one (a resumed
             run takes the checkpoint's). Default: None.
         overwrite (bool): delete the checkpoints of another run in save_dir (or,
@@ -272,6 +303,8 @@ class TrainOptions:
         do_eval (bool): ``train_from_config`` builds the val dataset and evaluates
             every save_interval. Default: False.
         config (str): the config file the run was built from, for train.log. Default: None.
+        recipe (dict): what a checkpoint records of the config to tell another run's
+            (:func:`training_recipe`; ``from_config`` fills it). Default: None.
         named_by (callable, optional): field name -> how a message names it
             (``from_config`` passes the flag or the config key); not stored.
             Default: ``--<name>``.
@@ -295,6 +328,7 @@ class TrainOptions:
     device: Optional[str] = None
     do_eval: bool = False
     config: Optional[str] = None
+    recipe: Optional[dict] = None
     named_by: InitVar[Optional[Callable]] = None
 
     def __post_init__(self, named_by):
@@ -310,6 +344,10 @@ class TrainOptions:
                                       not 0 <= self.seed < SEED_LIMIT):
             raise ConfigError(f'--seed must be an integer from 0 to {SEED_LIMIT - 1} (what numpy '
                               f'and Paddle accept), got {self.seed!r}.')
+        if self.resume_model == RESUME_AUTO and self.overwrite:
+            raise ConfigError('--resume_model auto continues the run in --save_dir and '
+                              '--overwrite deletes it: a re-run of the command would start over '
+                              'each time. Drop --overwrite (or --resume_model auto).')
 
     @property
     def num_workers(self):
@@ -351,9 +389,13 @@ class TrainOptions:
         def named_by(name):
             return f'config {cfg.path}: {name}' if name in from_config else f'--{name}'
 
-        return cls(**{**flags, **from_config}, sync_bn=bool(cfg.dic.get('sync_bn', True)),
+        schedule = {**flags, **from_config}
+        return cls(**schedule, sync_bn=bool(cfg.dic.get('sync_bn', True)),
                    recipe_batch_size=getattr(cfg, 'recipe_batch_size', None),
-                   evaluation=evaluation, config=cfg.path, named_by=named_by)
+                   evaluation=evaluation, config=cfg.path,
+                   recipe=training_recipe(cfg.dic, schedule.get('iters'),
+                                          schedule.get('batch_size')),
+                   named_by=named_by)
 
     def check_schedule(self):
         """Raises ConfigError unless iters and batch_size are set."""

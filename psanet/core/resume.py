@@ -13,12 +13,14 @@ from typing import Optional
 
 import numpy as np
 
+from psanet.contract import read_json
 from psanet.core import checkpoint as ckpt
 from psanet.core import dist, run_dir
-from psanet.errors import ConfigError
+from psanet.core.options import RESUME_AUTO
+from psanet.errors import ConfigError, few
 
-__all__ = ['RunState', 'resume', 'resume_changes', 'forget_best_elsewhere', 'draw_seed',
-           'checkpoint_state', 'resume_command']
+__all__ = ['RunState', 'resume', 'refuse_another_recipe', 'recipe_changes', 'resume_changes',
+           'forget_best_elsewhere', 'draw_seed', 'checkpoint_state', 'resume_command']
 
 
 _RESUME_ANOTHER_MODEL = ('Resume with the config the checkpoint was trained with (same model, '
@@ -56,18 +58,30 @@ class RunState:
                 'best_iter': self.best_iter, 'evals': self.evals, 'seed': self.seed}
 
 
-def resume(options, model, optimizer, scheduler, logger):
-    """Loads ``options.resume_model`` (None: none) into the model, the optimizer and the
+def resume(options, folder, model, optimizer, scheduler, logger):
+    """Loads ``folder.resume_model`` (None: none) into the model, the optimizer and the
     scheduler.
+
+    Args:
+        options (TrainOptions): the run's; a checkpoint of another recipe is resumed
+            with a warning naming each difference (:func:`refuse_another_recipe` has
+            refused it for 'auto').
+        folder (run_dir.RunFolder): the save_dir, with the checkpoint to resume and,
+            on rank 0 for 'auto', what was read of it.
 
     Returns:
         tuple: the :class:`RunState` to start from, its seed the checkpoint's (else
         ``options.seed``), and the checkpoint's train_state ({} without resume_model).
     """
-    resume_model, iters, seed = options.resume_model, options.iters, options.seed
+    resume_model, iters, seed = folder.resume_model, options.iters, options.seed
+    auto = options.resume_model == RESUME_AUTO
     if resume_model is None:
+        if auto:
+            logger.info(f'--resume_model auto: no checkpoint in {options.save_dir}: starting at '
+                        'iteration 0.')
         return RunState(seed=seed), {}
-    model_state, optimizer_state, saved = ckpt.load_checkpoint(resume_model)
+    model_state, optimizer_state, saved = folder.loaded or ckpt.load_checkpoint(resume_model)
+    _warn_of_another_recipe(options, resume_model, saved, logger)
     ckpt.check_state_fits(model, model_state, f'the weights of --resume_model {resume_model}',
                           _RESUME_ANOTHER_MODEL)
     model.set_state_dict(model_state)
@@ -75,14 +89,15 @@ def resume(options, model, optimizer, scheduler, logger):
         optimizer_state = ckpt.rename_optimizer_state(optimizer_state, saved['parameter_names'],
                                                       model)
     optimizer.set_state_dict(optimizer_state)
-    if scheduler is not None and 'lr_scheduler' in saved:
+    if scheduler is not None and saved.get('lr_scheduler'):
         scheduler.set_state_dict(saved['lr_scheduler'])
+        _warn_of_another_schedule(options, saved, scheduler, logger)
     start_iter = int(saved['iteration'])
     state = RunState(iteration=start_iter, start_iter=start_iter,
                       best_miou=float(saved.get('best_miou', -1.0)),
                       best_iter=int(saved.get('best_iter', -1)), last_checkpoint=resume_model,
                       seed=seed)
-    if start_iter >= iters:
+    if start_iter >= iters and not auto:
         raise ConfigError(f'--resume_model {resume_model} is at iteration {start_iter} and '
                           f'iters is {iters}: raise --iters to train further.')
     if 'seed' in saved:
@@ -90,8 +105,85 @@ def resume(options, model, optimizer, scheduler, logger):
             logger.warning(f'--seed {seed} ignored: resuming with the checkpoint\'s seed '
                            f'{saved["seed"]}.')
         state.seed = int(saved['seed'])
-    logger.info(f'Resumed from {resume_model} at iteration {start_iter}.')
+    if auto and start_iter >= iters:
+        logger.info(f'--resume_model auto: {resume_model} is the last of {iters} iterations: '
+                    'the run is done, nothing to train.')
+    elif auto:
+        logger.info(f'--resume_model auto: resuming from {resume_model}, the newest checkpoint '
+                    f'in {options.save_dir} that loads, at iteration {start_iter}.')
+    else:
+        logger.info(f'Resumed from {resume_model} at iteration {start_iter}.')
     return state, saved
+
+
+def _flatten(value, prefix=''):
+    if isinstance(value, dict):
+        items = {}
+        for key, item in value.items():
+            items.update(_flatten(item, f'{prefix}.{key}' if prefix else str(key)))
+        return items
+    if isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value):
+        items = {f'{prefix}.length': len(value)}
+        for index, item in enumerate(value):
+            items.update(_flatten(item, f'{prefix}[{index}]'))
+        return items
+    return {prefix: value}
+
+
+def recipe_changes(saved, current):
+    """``key: saved -> current`` for every config key (dotted, with list indices) whose
+    value differs between two :func:`~psanet.core.options.training_recipe` records."""
+    saved, current = _flatten(saved), _flatten(current)
+    missing = object()
+    return [f'{key}: {saved.get(key, "(none)")} -> {current.get(key, "(none)")}'
+            for key in sorted(set(saved) | set(current))
+            if saved.get(key, missing) != current.get(key, missing)]
+
+
+def refuse_another_recipe(options, folder):
+    """With ``--resume_model auto``: raises ConfigError, on every rank alike, when the
+    checkpoint ``folder`` resumes was trained with another recipe (before anything is
+    written: the same command re-run must not mix two runs in one save_dir)."""
+    if options.resume_model != RESUME_AUTO or folder.resume_model is None \
+            or options.recipe is None:
+        return
+    saved = read_json(os.path.join(folder.resume_model, ckpt.STATE_FILE), ValueError)
+    changes = recipe_changes(saved['recipe'], options.recipe) if saved.get('recipe') else []
+    if changes:
+        raise ConfigError(
+            f'--resume_model auto: the newest checkpoint in --save_dir {options.save_dir}, '
+            f'{folder.resume_model}, was trained with another config or schedule '
+            f'({few(changes, 4)}): run the command that trained it, pass --resume_model '
+            f'{folder.resume_model} to continue it with this config anyway, or pick a new '
+            '--save_dir.')
+
+
+def _warn_of_another_recipe(options, resume_model, saved, logger):
+    if options.recipe is None:
+        return
+    if saved.get('recipe') is None:
+        logger.warning(f'{resume_model} does not record its config (saved by an older version): '
+                       'that it was trained with this one is not checked.')
+        return
+    changes = recipe_changes(saved['recipe'], options.recipe)
+    if changes:
+        logger.warning(f'resuming {resume_model} with another config or schedule than it was '
+                       f'trained with: {few(changes, 6)}.')
+
+
+def _warn_of_another_schedule(options, saved, scheduler, logger):
+    """Another iters stretches or shrinks the LR schedule (its decay steps are iters):
+    says what the learning rate is now, against the saved run's."""
+    saved_iters = (saved.get('recipe') or {}).get('iters')
+    saved_lr = saved['lr_scheduler'].get('last_lr')
+    if saved_iters is None or saved_iters == options.iters or saved_lr is None:
+        return
+    new_lr = float(scheduler.get_lr())
+    if not np.isclose(new_lr, saved_lr, rtol=1e-6, atol=0):
+        logger.warning(f'iters {saved["recipe"].get("iters")} -> {options.iters} changes the LR '
+                       f'schedule ({type(scheduler).__name__} over iters): the learning rate at '
+                       f'iteration {saved["iteration"]} is {new_lr:.6g}, where the saved run '
+                       f'was at {saved_lr:.6g}.')
 
 
 def resume_changes(state, batch_size, world_size, iters_per_epoch, num_images):
@@ -119,9 +211,27 @@ def resume_changes(state, batch_size, world_size, iters_per_epoch, num_images):
 
 
 def forget_best_elsewhere(state, save_dir, logger):
-    """A resumed best mIoU whose best_model/ is not in this save_dir (resumed into a new
-    folder, or deleted by --overwrite) starts over, so that this run keeps a best_model/."""
-    if state.best_iter < 0 or os.path.isdir(os.path.join(save_dir, run_dir.BEST_MODEL)):
+    """Settles the best mIoU to beat with the best_model/ of this save_dir.
+
+    A resumed best whose best_model/ is not here (resumed into a new folder, or
+    deleted by --overwrite) starts over, so that this run keeps a best_model/; a
+    best_model/ newer than the resumed checkpoint (``auto`` passed over one that
+    does not load) stays the one to beat.
+    """
+    best = os.path.join(save_dir, run_dir.BEST_MODEL)
+    if os.path.isdir(best):
+        try:
+            kept = read_json(os.path.join(best, ckpt.STATE_FILE), ValueError)
+        except ValueError:
+            kept = None
+        iteration = kept.get('iteration') if isinstance(kept, dict) else None
+        if isinstance(iteration, int) and iteration > state.start_iter \
+                and isinstance(kept.get('miou'), (int, float)):
+            state.best_miou, state.best_iter = float(kept['miou']), iteration
+            logger.info(f'{best} (mIoU {state.best_miou:.4f} at iter {iteration}) is newer '
+                        f'than the resumed checkpoint: it stays the best to beat.')
+        return
+    if state.best_iter < 0:
         return
     logger.info(f'No {run_dir.BEST_MODEL}/ in {save_dir}: the best mIoU of the resumed run '
                 f'({state.best_miou:.4f} at iter {state.best_iter}) is not kept; this run saves '
@@ -145,17 +255,22 @@ def checkpoint_state(run, state):
         'best_iter': state.best_iter,
         'lr_scheduler': run.scheduler.state_dict() if run.scheduler is not None else None,
         'parameter_names': ckpt.parameter_names(run.model),
+        'recipe': run.options.recipe,
     }
     if run.scaler is not None:
         checkpoint_state['grad_scaler'] = run.scaler.state_dict()
     return checkpoint_state
 
 
-def resume_command(path, world_size):
-    """train.py's command line with ``--resume_model path`` (and no other --resume_model)."""
+def resume_command(path, world_size, options=None):
+    """train.py's command line with ``--resume_model path`` (and no other --resume_model);
+    with ``--resume_model auto`` the same command."""
     argv = sys.argv
+    auto = options is not None and options.resume_model == RESUME_AUTO
     if os.path.basename(argv[0]) != 'train.py':
-        return f'the same call with resume_model={path!r}'
+        return ('the same call' if auto else f'the same call with resume_model={path!r}')
+    if auto:
+        path = RESUME_AUTO
     kept, skip = [], False
     for arg in argv[1:]:
         if skip or arg.startswith('--resume_model='):

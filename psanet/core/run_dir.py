@@ -2,10 +2,11 @@
 
 :func:`own_save_dir` refuses another run's checkpoints (or, with ``overwrite``,
 finds them for its :class:`RunFolder` to delete once the resumed checkpoint has
-loaded: :meth:`RunFolder.clear_overwritten`), locks the folder while the run
-writes, and at the end, however it ends, removes the temporaries of an
-interrupted save. Only rank 0 checks and locks; the other ranks learn the
-outcome from one all-reduce. Why: docs/design.md.
+loaded: :meth:`RunFolder.clear_overwritten`; with ``--resume_model auto``, picks
+the newest checkpoint that loads), locks the folder while the run writes, and
+at the end, however it ends, removes the temporaries of an interrupted save.
+Only rank 0 checks and locks; the other ranks learn the outcome from one
+all-reduce. Why: docs/design.md.
 """
 import contextlib
 import errno
@@ -16,6 +17,7 @@ import time
 
 from psanet.core import checkpoint as ckpt
 from psanet.core import dist
+from psanet.core.options import RESUME_AUTO
 from psanet.errors import ConfigError
 from psanet.log import get_logger
 
@@ -32,12 +34,19 @@ class RunFolder:
         path (str): the folder.
         in_the_way (list): on rank 0 with ``overwrite``, the checkpoints of the other
             run that :meth:`clear_overwritten` deletes; else empty.
+        resume_model (str): the checkpoint the run continues from: the one it was
+            given, or for ``auto`` the newest that loads (None: it starts).
+        loaded (tuple): on rank 0 for ``auto``, what
+            :func:`~psanet.core.checkpoint.load_checkpoint` read from
+            ``resume_model`` (so that it is read once); else None.
     """
 
-    def __init__(self, path, in_the_way=(), logger=None):
+    def __init__(self, path, in_the_way=(), logger=None, resume_model=None, loaded=None):
         self.path = path
         self.in_the_way = list(in_the_way)
         self._logger = logger
+        self.resume_model = resume_model
+        self.loaded = loaded
 
     def clear_overwritten(self):
         """Deletes what ``overwrite`` is to delete; call it once the run has loaded the
@@ -58,7 +67,9 @@ def own_save_dir(save_dir, resume_model=None, overwrite=False, logger=None):
 
     Args:
         save_dir (str): the run's folder; created when missing.
-        resume_model (str, optional): the checkpoint the run continues from. Default: None.
+        resume_model (str, optional): the checkpoint the run continues from; ``'auto'``:
+            the newest ``iter_N`` in ``save_dir`` that loads, when there is one (a newer
+            one that does not load is named and passed over). Default: None.
         overwrite (bool, optional): delete another run's checkpoints (or, resuming, those
             after ``resume_model``) instead of refusing the folder. Default: False.
         logger (logging.Logger, optional): says what ``overwrite`` deletes. Default: the
@@ -70,22 +81,37 @@ def own_save_dir(save_dir, resume_model=None, overwrite=False, logger=None):
     Raises:
         ConfigError: on every rank, when the folder holds another run's checkpoints or
             another process trains in it.
+        CheckpointError: on every rank, with ``auto`` when no checkpoint of the folder
+            loads.
     """
-    lock, error, in_the_way = None, None, []
+    lock, error, in_the_way, found = None, None, [], None
+    auto = resume_model == RESUME_AUTO
     if dist.is_main_process():
         try:
             lock = _SaveDirLock(save_dir, logger)
             ckpt.remove_stale_temporaries(save_dir)
-            in_the_way = _refuse_or_clear(save_dir, resume_model, overwrite)
+            if auto:
+                found = ckpt.newest_loadable_checkpoint(save_dir, logger)
+            if not auto or found is None:
+                in_the_way = _refuse_or_clear(save_dir, None if auto else resume_model,
+                                              overwrite)
         except Exception as caught:  # the other ranks must hear of it before anyone raises
             error = caught
     try:
-        if dist.all_reduce_sum([error is not None])[0] > 0:
+        # One all-reduce: whether rank 0 refused, and which iteration auto resumes (0: none).
+        failed, resumed = dist.all_reduce_sum([error is not None,
+                                               0 if found is None else found[0] + 1])
+        if failed > 0:
             if error is not None:
                 raise error
             raise ConfigError(f'rank 0 refused --save_dir {save_dir}: its error says why '
                               '(workerlog.0 with paddle.distributed.launch).')
-        yield RunFolder(save_dir, in_the_way if lock is not None else (), logger)
+        if auto:
+            resume_model = (found[1] if found else
+                            os.path.join(save_dir, f'iter_{int(resumed) - 1}') if resumed else
+                            None)
+        yield RunFolder(save_dir, in_the_way if lock is not None else (), logger,
+                        resume_model=resume_model, loaded=found[2] if found else None)
     finally:
         if lock is not None:
             ckpt.remove_stale_temporaries(save_dir)

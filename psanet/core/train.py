@@ -22,8 +22,8 @@ from psanet.core import dist, run_dir
 from psanet.core.config import ComponentBuilder, load_config, set_schedule
 from psanet.core.loader import build_train_loader, raise_if_error
 from psanet.core.options import TrainOptions
-from psanet.core.resume import (checkpoint_state, draw_seed, forget_best_elsewhere, resume,
-                                resume_changes, resume_command)
+from psanet.core.resume import (checkpoint_state, draw_seed, forget_best_elsewhere,
+                                refuse_another_recipe, resume, resume_changes, resume_command)
 from psanet.core.runtime import amp_enabled, autocast, on_gpu, set_device, to_plain_batchnorm
 from psanet.core.train_log import (Averager, check_visualdl, format_batch_size, log_evaluation,
                                    log_interval, visualdl_writer)
@@ -160,9 +160,11 @@ def train(model, train_dataset, optimizer, losses, options, val_dataset=None, lo
         setup_logging(main)
     owned = contextlib.nullcontext(folder) if folder is not None else run_dir.own_save_dir(
         options.save_dir, options.resume_model, options.overwrite, logger)
-    with owned as folder, log_file(os.path.join(options.save_dir, 'train.log'), main):
-        return _train(model, train_dataset, optimizer, losses, options, val_dataset,
-                      logger or get_logger(), folder)
+    with owned as folder:
+        refuse_another_recipe(options, folder)  # before train.log: a refused run writes nothing
+        with log_file(os.path.join(options.save_dir, 'train.log'), main):
+            return _train(model, train_dataset, optimizer, losses, options, val_dataset,
+                          logger or get_logger(), folder)
 
 
 def _train(model, train_dataset, optimizer, losses, options, val_dataset, logger, folder):
@@ -175,7 +177,7 @@ def _train(model, train_dataset, optimizer, losses, options, val_dataset, logger
     if options.use_vdl and main:
         check_visualdl()
     scheduler = _lr_scheduler(optimizer)
-    state, saved = resume(options, model, optimizer, scheduler, logger)
+    state, saved = resume(options, folder, model, optimizer, scheduler, logger)
     # Only now that the checkpoint has loaded and fits: what --overwrite deletes.
     folder.clear_overwritten()
     forget_best_elsewhere(state, options.save_dir, logger)
@@ -190,7 +192,7 @@ def _train(model, train_dataset, optimizer, losses, options, val_dataset, logger
                                                  options.num_workers)
     for change in resume_changes(saved, options.batch_size, world_size, len(sampler),
                                   len(train_dataset)):
-        logger.warning(f'resuming from {options.resume_model} {change}: the data order differs '
+        logger.warning(f'resuming from {folder.resume_model} {change}: the data order differs '
                        'from an uninterrupted run.')
     run = _Run(model=model, runner=runner, optimizer=optimizer, scheduler=scheduler,
                scaler=scaler, losses=losses, loader=loader, sampler=sampler, reader=reader,
@@ -353,7 +355,7 @@ def _stop(run, state):
     # No rank exits before rank 0 has written: the launcher ends the others when one exits.
     dist.all_reduce_sum([0])
     signum = interrupts.requested() or signal.SIGTERM  # a rank stopping for another's signal
-    run.logger.info(f'resume with: {resume_command(path, run.world_size)}')
+    run.logger.info(f'resume with: {resume_command(path, run.world_size, run.options)}')
     what = 'interrupted (Ctrl-C)' if signum == signal.SIGINT else 'stopped by SIGTERM'
     raise interrupts.stopped(signum, f'training {what} after iteration {state.iteration}; '
                                      f'its checkpoint is {path}')
