@@ -355,10 +355,25 @@ def _stop(run, state):
     # No rank exits before rank 0 has written: the launcher ends the others when one exits.
     dist.all_reduce_sum([0])
     signum = interrupts.requested() or signal.SIGTERM  # a rank stopping for another's signal
-    run.logger.info(f'resume with: {resume_command(path, run.world_size, run.options)}')
+    command = resume_command(path, run.world_size, run.options)
+    run.logger.info(f'resume with: {command}')
     what = 'interrupted (Ctrl-C)' if signum == signal.SIGINT else 'stopped by SIGTERM'
+    _tell_launcher_console(run, state, path, command)
     raise interrupts.stopped(signum, f'training {what} after iteration {state.iteration}; '
                                      f'its checkpoint is {path}')
+
+
+def _tell_launcher_console(run, state, path, command):
+    """The stop, where the user of paddle.distributed.launch looks: its console."""
+    console = dist.launcher_console()
+    if console is None:
+        return
+    with contextlib.suppress(OSError), console:  # a closed console: the line is in the log
+        console.write(f'psanet: training stopped after iteration {state.iteration} on every '
+                      f'rank (the launcher passes a Ctrl-C or SIGTERM on as SIGTERM); its '
+                      f'checkpoint is {path}; the log: '
+                      f'{os.path.join(run.options.save_dir, "train.log")}.\n'
+                      f'psanet: resume with: {command}\n')
 
 
 def _evaluate(run, state):
