@@ -263,3 +263,21 @@ def test_the_resume_line_of_an_auto_run_is_the_same_command(monkeypatch):
     assert resume_command('out/iter_5', 2, Options()) == (
         'python -m paddle.distributed.launch --nproc_per_node 2 train.py --config c.yml '
         '--save_dir out --resume_model out/iter_5')
+
+
+def test_a_rank_that_does_not_see_the_checkpoint_of_rank_0_says_why(tmp_path):
+    # What a node without the shared --save_dir sees: rank 0's choice, and no such folder.
+    from psanet.core.options import TrainOptions
+    from psanet.core.resume import refuse_another_recipe
+    from psanet.core.run_dir import RunFolder
+    from psanet.errors import CheckpointError
+    save_dir = str(tmp_path / 'out')
+    options = TrainOptions(iters=10, batch_size=2, save_dir=save_dir, resume_model='auto',
+                           recipe={'iters': 10})
+    missing = os.path.join(save_dir, 'iter_6')
+    with pytest.raises(CheckpointError) as info:
+        refuse_another_recipe(options, RunFolder(save_dir, resume_model=missing))
+    assert str(info.value) == (
+        f'--resume_model auto: rank 0 does not see {os.path.join(missing, ckpt.STATE_FILE)}, '
+        'which rank 0 resumes from: --save_dir must be a folder every node shares (a network '
+        'file system), or the nodes resume different checkpoints.')

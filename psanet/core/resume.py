@@ -17,7 +17,7 @@ from psanet.contract import read_json
 from psanet.core import checkpoint as ckpt
 from psanet.core import dist, run_dir
 from psanet.core.options import RESUME_AUTO
-from psanet.errors import ConfigError, few
+from psanet.errors import CheckpointError, ConfigError, few
 
 __all__ = ['RunState', 'resume', 'refuse_another_recipe', 'recipe_changes', 'resume_changes',
            'forget_best_elsewhere', 'draw_seed', 'checkpoint_state', 'resume_command']
@@ -147,7 +147,13 @@ def refuse_another_recipe(options, folder):
     if options.resume_model != RESUME_AUTO or folder.resume_model is None \
             or options.recipe is None:
         return
-    saved = read_json(os.path.join(folder.resume_model, ckpt.STATE_FILE), ValueError)
+    state_path = os.path.join(folder.resume_model, ckpt.STATE_FILE)
+    if not os.path.isfile(state_path):  # rank 0 has read it: this rank's node does not see it
+        raise CheckpointError(
+            f'--resume_model auto: rank {dist.rank()} does not see {state_path}, which rank 0 '
+            'resumes from: --save_dir must be a folder every node shares (a network file '
+            'system), or the nodes resume different checkpoints.')
+    saved = read_json(state_path, ValueError)
     changes = recipe_changes(saved['recipe'], options.recipe) if saved.get('recipe') else []
     if changes:
         raise ConfigError(
