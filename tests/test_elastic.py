@@ -4,21 +4,22 @@ Each test starts its own etcd (Debian's ``etcd-server``; ``.ci/run`` installs it
 free loopback ports with a data folder in ``tmp_path``, and stops it at the end.
 A launch is::
 
-    PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python python -m paddle.distributed.launch \
-        --master etcd://127.0.0.1:PORT --nnodes 1 --max_restart 2 --elastic_level 1 \
-        --nproc_per_node 2 --job_id ID tests/elastic_rank.py TRAIN_PY_FLAGS... --resume_model auto
+    PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python GRPC_ENABLE_FORK_SUPPORT=false \
+    python -m paddle.distributed.launch --master etcd://127.0.0.1:PORT --nnodes 1 \
+        --max_restart 2 --elastic_level 1 --nproc_per_node 2 --job_id ID \
+        tests/elastic_rank.py TRAIN_PY_FLAGS... --resume_model auto
 
-(``elastic_rank.py`` is train.py with the toy model registered). Mid-run, after a
-checkpoint, one rank is SIGKILLed: the launcher must stop the pod, start it again, the
-run must go on from the newest checkpoint (``--resume_model auto``) and end, and its
-final ``model.pdparams`` must be byte-identical to an uninterrupted run of the same
-command. The seconds from the kill to the first step after it and the steps repeated
-are printed (``pytest -s``). An etcd that is down, or a port that never answers, must
-end the launch within seconds and touch nothing in ``--save_dir``.
+(``elastic_rank.py`` is train.py with the toy model registered; why the two variables:
+``ENV``). Mid-run, after a checkpoint, one rank is SIGKILLed: the launcher must stop the
+pod and start it again, the run must go on from the newest checkpoint (``--resume_model
+auto``) and end, and its final ``model.pdparams`` must be byte-identical to an
+uninterrupted run of the same command. The seconds from the kill to the first step after
+it and the steps repeated are printed (``pytest -s``). An etcd that is down, or a port
+that never answers, must end the launch within seconds and touch nothing in
+``--save_dir``.
 
 Skipped, with the reason, only where the ``etcd`` binary or the ``etcd3`` module is
-missing. ``etcd3`` 0.12's generated protobuf code needs
-``PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python`` with protobuf 4 or newer.
+missing.
 """
 import contextlib
 import filecmp
@@ -38,7 +39,13 @@ import engine_helpers as helpers
 from conftest import ROOT, kill_group, run_process
 
 RANK = os.path.join(ROOT, 'tests', 'elastic_rank.py')
-ENV = dict(os.environ, PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION='python')
+# etcd3 0.12's generated code needs the pure-Python protobuf (protobuf 4+ refuses it:
+# "Descriptors cannot be created directly"). The launcher forks its ranks while its etcd
+# watch thread is inside gRPC; gRPC's fork handlers then break a rank now and then before it
+# runs ("epoll_wait error: Bad file descriptor", the pod fails at start and is restarted).
+# The ranks exec at once and need no gRPC after the fork: the handlers are turned off.
+ENV = dict(os.environ, PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION='python',
+           GRPC_ENABLE_FORK_SUPPORT='false')
 ITERS = 60
 SAVE_INTERVAL = 5
 KILL_AFTER = 15     # the rank is killed after iter_15 is saved (and a later step logged)
@@ -253,8 +260,8 @@ def test_killed_rank_restarts_from_the_last_checkpoint(tmp_path, toy, uninterrup
     # it writes one leaves the one before.
     assert KILL_AFTER <= resumed_at <= killed_at and repeated <= SAVE_INTERVAL
     launcher_text = _read(launcher_log)
-    assert launcher_text.count('Run Pod') == 2 and 'code -9' in launcher_text, \
-        _tail(launcher_log)
+    assert launcher_text.count('Pod failed') == 1 and launcher_text.count('Run Pod') == 2, \
+        'want one failure and one restart of the pod\n' + _tail(launcher_log)
     assert filecmp.cmp(_final_weights(save_dir), _final_weights(uninterrupted), shallow=False), \
         'the restarted run ends with other weights than the uninterrupted one'
     assert sorted(os.listdir(save_dir)) == sorted(os.listdir(uninterrupted))
