@@ -121,11 +121,12 @@ def toy(tmp_path_factory):
     return helpers.write_config(work / 'toy.yml', helpers.toy_config(root, iters=ITERS))
 
 
-def _launch_args(port, job_id, log_dir, save_dir, config):
+def _launch_args(port, job_id, log_dir, save_dir, config, nnodes=1):
+    """The command: ``nnodes`` launchers (each runs it) x 2 // nnodes processes."""
     return [sys.executable, '-m', 'paddle.distributed.launch',
-            '--master', f'etcd://127.0.0.1:{port}', '--nnodes', '1', '--max_restart', '2',
-            '--elastic_level', '1', '--nproc_per_node', '2', '--job_id', job_id,
-            '--log_dir', str(log_dir), RANK,
+            '--master', f'etcd://127.0.0.1:{port}', '--nnodes', str(nnodes),
+            '--max_restart', '2', '--elastic_level', '1', '--nproc_per_node', str(2 // nnodes),
+            '--job_id', job_id, '--log_dir', str(log_dir), RANK,
             '--config', config, '--device', 'cpu', '--save_dir', str(save_dir),
             '--iters', str(ITERS), '--batch_size', '2', '--log_iters', '1',
             '--save_interval', str(SAVE_INTERVAL), '--seed', '3', '--keep_checkpoint_max', '0',
@@ -204,47 +205,58 @@ def uninterrupted(tmp_path_factory, toy):
     return str(save_dir)
 
 
-def _wait_for(condition, launcher, seconds, what, logs):
-    """Polls ``condition()`` until it is true; fails naming ``what`` when the launcher ends
+def _wait_for(condition, launchers, seconds, what, logs):
+    """Polls ``condition()`` until it is true; fails naming ``what`` when a launcher ends
     first or ``seconds`` pass."""
     give_up = time.monotonic() + seconds
     while not condition():
-        if launcher.poll() is not None or time.monotonic() > give_up:
-            pytest.fail(f'{what}: not within {seconds} s (launcher exit {launcher.poll()})\n'
+        ended = [launcher.poll() for launcher in launchers if launcher.poll() is not None]
+        if ended or time.monotonic() > give_up:
+            pytest.fail(f'{what}: not within {seconds} s (launchers ended: {ended})\n'
                         + '\n'.join(_tail(path) for path in logs))
         time.sleep(0.02)
     return time.monotonic()
 
 
-@pytest.mark.parametrize('rank, after', [(1, KILL_AFTER + 1), (0, KILL_AFTER + SAVE_INTERVAL - 1)])
-def test_killed_rank_restarts_from_the_last_checkpoint(tmp_path, toy, uninterrupted, rank, after):
+@pytest.mark.parametrize('nnodes, rank, after', [
+    (1, 1, KILL_AFTER + 1),
+    (1, 0, KILL_AFTER + SAVE_INTERVAL - 1),
+    (2, 1, KILL_AFTER + 1),
+], ids=['1x2-rank1-after16', '1x2-rank0-after19', '2x1-rank1-after16'])
+def test_killed_rank_restarts_from_the_last_checkpoint(tmp_path, toy, uninterrupted, nnodes,
+                                                       rank, after):
     """SIGKILL to one rank once iteration ``after`` is logged: just after a checkpoint, or
-    within a step of the next one (rank 0 may be writing it)."""
+    within a step of the next one (rank 0 may be writing it). One launcher with two
+    processes, or two launchers (two nodes on one host) with one each."""
     save_dir = tmp_path / 'out'
     train_log = str(save_dir / 'train.log')
-    launcher_log = str(tmp_path / 'launcher.log')
-    logs = [launcher_log, train_log]
-    args = _launch_args(None, f'elastic-kill-{rank}', tmp_path / 'log', save_dir, toy)
-    with _etcd(str(tmp_path)) as port:
-        args[args.index('--master') + 1] = f'etcd://127.0.0.1:{port}'
-        with _launched(args, launcher_log) as launcher:
-            saved = f'Saved checkpoint {save_dir}/iter_{KILL_AFTER}\n'
-            _wait_for(lambda: saved in _read(train_log) and
-                      max(_iterations(_read(train_log).splitlines()), default=0) >= after
-                      and rank in _ranks(launcher.pid), launcher, START,
-                      f'iteration {after}', logs)
-            os.kill(_ranks(launcher.pid)[rank], signal.SIGKILL)
-            killed = time.monotonic()
-            first_step = _wait_for(
-                lambda: len(_attempts(_read(train_log))) > 1 and
-                _iterations(_attempts(_read(train_log))[1]), launcher, RESTART_BOUND,
-                'the first step after the kill', logs)
-            try:
-                code = launcher.wait(END)
-            except subprocess.TimeoutExpired:
-                pytest.fail(f'the launch did not end within {END} s\n' + _tail(launcher_log))
+    launcher_logs = [str(tmp_path / f'launcher.{node}.log') for node in range(nnodes)]
+    logs = launcher_logs + [train_log]
+    with _etcd(str(tmp_path)) as port, contextlib.ExitStack() as stack:
+        launchers = [stack.enter_context(_launched(
+            _launch_args(port, f'elastic-kill-{nnodes}-{rank}', tmp_path / f'log.{node}',
+                         save_dir, toy, nnodes), launcher_logs[node])) for node in range(nnodes)]
+
+        def ranks():
+            return {r: pid for launcher in launchers for r, pid in _ranks(launcher.pid).items()}
+
+        saved = f'Saved checkpoint {save_dir}/iter_{KILL_AFTER}\n'
+        _wait_for(lambda: saved in _read(train_log) and
+                  max(_iterations(_read(train_log).splitlines()), default=0) >= after
+                  and rank in ranks(), launchers, START, f'iteration {after}', logs)
+        os.kill(ranks()[rank], signal.SIGKILL)
+        killed = time.monotonic()
+        first_step = _wait_for(
+            lambda: len(_attempts(_read(train_log))) > 1 and
+            _iterations(_attempts(_read(train_log))[1]), launchers, RESTART_BOUND,
+            'the first step after the kill', logs)
+        try:
+            codes = [launcher.wait(END) for launcher in launchers]
+        except subprocess.TimeoutExpired:
+            pytest.fail(f'the launch did not end within {END} s\n' +
+                        '\n'.join(_tail(path) for path in logs))
     attempts = _attempts(_read(train_log))
-    assert code == 0, _tail(launcher_log)
+    assert codes == [0] * nnodes, '\n'.join(_tail(path) for path in launcher_logs)
     assert len(attempts) == 2, f'{len(attempts)} starts of training, want 2\n' + _tail(train_log)
     killed_at = max(_iterations(attempts[0]))
     resumed = re.search(rf'--resume_model auto: resuming from {re.escape(str(save_dir))}'
@@ -253,15 +265,17 @@ def test_killed_rank_restarts_from_the_last_checkpoint(tmp_path, toy, uninterrup
     resumed_at = int(resumed.group(1))
     repeated = killed_at - resumed_at
     seconds = first_step - killed
-    print(f'\nrank {rank} SIGKILLed after iteration {killed_at}: the first step after it '
-          f'(iteration {resumed_at + 1}) {seconds:.1f} s later, {repeated} steps repeated')
+    print(f'\n{nnodes} node(s): rank {rank} SIGKILLed after iteration {killed_at}: the first '
+          f'step after it (iteration {resumed_at + 1}) {seconds:.1f} s later, {repeated} steps '
+          'repeated')
     assert _iterations(attempts[1]) == list(range(resumed_at + 1, ITERS + 1))
     # The newest checkpoint before the kill: iter_15 or a later one; a rank 0 killed while
     # it writes one leaves the one before.
     assert KILL_AFTER <= resumed_at <= killed_at and repeated <= SAVE_INTERVAL
-    launcher_text = _read(launcher_log)
-    assert launcher_text.count('Pod failed') == 1 and launcher_text.count('Run Pod') == 2, \
-        'want one failure and one restart of the pod\n' + _tail(launcher_log)
+    texts = [_read(path) for path in launcher_logs]
+    assert sum(text.count('Pod failed') for text in texts) >= 1 and \
+        all(text.count('Run Pod') == 2 for text in texts), \
+        'want a failure and one restart of each pod\n' + '\n'.join(map(_tail, launcher_logs))
     assert filecmp.cmp(_final_weights(save_dir), _final_weights(uninterrupted), shallow=False), \
         'the restarted run ends with other weights than the uninterrupted one'
     assert sorted(os.listdir(save_dir)) == sorted(os.listdir(uninterrupted))
@@ -301,3 +315,16 @@ def test_unreachable_etcd_ends_the_launch_and_touches_nothing(tmp_path, toy, uni
     assert done.returncode != 0
     assert _snapshot(save_dir) == before
     assert not os.path.exists(tmp_path / 'log' / 'workerlog.0'), 'a rank was started'
+
+
+@pytest.mark.xfail(strict=True, reason="Paddle 3.3.1's launcher lets etcd3's "
+                   'ConnectionFailedError out as a traceback; one line needs a check of '
+                   'the etcd before the launch, which the project does not have yet (issue 34)')
+def test_unreachable_etcd_is_one_line(tmp_path, toy):
+    port, = _free_ports(1)
+    done = run_process(_launch_args(port, 'elastic-down', tmp_path / 'log', tmp_path / 'out',
+                                    toy), timeout=DOWN_BOUND, cwd=ROOT, env=ENV,
+                       capture_output=True, text=True)
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert done.returncode != 0 and 'Traceback' not in done.stderr
+    assert f'127.0.0.1:{port}' in lines[-1] and lines[-1].startswith('error: ')
