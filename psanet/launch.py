@@ -10,6 +10,8 @@ a cluster").
 import os
 import sys
 
+from psanet import compat  # noqa: F401  (filters Paddle's ccache notice before paddle loads)
+
 __all__ = ['main']
 
 ETCD_TIMEOUT = 5  # seconds for the etcd to answer its status request
