@@ -10,9 +10,11 @@ import contextlib
 import logging
 import os
 import sys
+import tempfile
 import time
 
-__all__ = ['LOGGER_NAME', 'get_logger', 'setup_logging', 'log_file', 'line_cut', 'ProgressBar']
+__all__ = ['LOGGER_NAME', 'get_logger', 'setup_logging', 'log_file', 'line_cut', 'ProgressBar',
+           'without_stderr_lines']
 
 LOGGER_NAME = 'psanet'
 _FORMATTER = logging.Formatter('%(asctime)s [%(levelname)s]\t%(message)s', '%Y-%m-%d %H:%M:%S')
@@ -180,3 +182,24 @@ class ProgressBar:
 
     def __exit__(self, *exc):
         self.close()
+
+
+@contextlib.contextmanager
+def without_stderr_lines(*patterns):
+    """Within the block the process's C-level stderr (file descriptor 2, where C++ libraries
+    log) goes to a temporary file; after it, its lines are written back to stderr but those
+    holding one of ``patterns`` (the upstream lines psanet.compat lists)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            lines = capture.read().decode('utf-8', 'replace').splitlines(keepends=True)
+            sys.stderr.write(''.join(l for l in lines if not any(p in l for p in patterns)))
+            sys.stderr.flush()
