@@ -240,3 +240,15 @@ def test_a_local_backbone_pretrained_file_loads_offline(tmp_path, monkeypatch):
     loaded = model.backbone.state_dict()
     for key, value in backbone.state_dict().items():
         np.testing.assert_array_equal(loaded[key].numpy(), value.numpy(), err_msg=key)
+
+
+def test_the_download_module_loads_no_paddle():
+    import subprocess
+    import sys
+    from conftest import ROOT, run_process
+    code = ('import sys, psanet.weights_download; '
+            'print(sorted(m for m in sys.modules if m.split(".")[0] == "paddle"))')
+    result = run_process([sys.executable, '-c', code], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == '[]', result.stdout
