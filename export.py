@@ -15,7 +15,10 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description='PSANet export (PaddleSeg flags).')
     parser.add_argument('--config', required=True, help='The config file.')
     parser.add_argument('--model_path', default=None,
-                        help='model.pdparams, or a checkpoint folder such as output/best_model.')
+                        help='model.pdparams, a checkpoint folder such as output/best_model, or an '
+                        'http(s) URL of a .pdparams or of a .zip/.tar.gz holding one '
+                        '(downloaded once into $PSANET_WEIGHTS_CACHE; #sha256=<hex> at its '
+                        'end checks it).')
     parser.add_argument('--save_dir', default='output/inference_model',
                         help='model.json, model.pdiparams and deploy.yaml go here.')
     parser.add_argument('--input_shape', nargs=4, default=None, metavar=('N', 'C', 'H', 'W'),

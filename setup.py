@@ -1,6 +1,7 @@
 """Installs the psanet package and builds the PSA mask op library ahead of time.
 
     pip install --no-build-isolation .      # Paddle must be importable while building
+    pip install --no-build-isolation --no-deps -e .   # this checkout, op built just in time
 
 On a CUDA build of Paddle (paddle.is_compiled_with_cuda()) the CUDA kernels are
 built too, for the GPUs Paddle sees, else for Volta to Hopper less what the
@@ -27,6 +28,12 @@ class BuildPyWithOp(build_py):
 
     def run(self):
         super().run()
+        if getattr(self, 'editable_mode', False):
+            # `pip install -e .` imports psanet from this checkout, where a library would
+            # serve every venv and Paddle using it: the op stays the JIT build, cached per
+            # Paddle and Python version (docs/build.md).
+            print('editable install: the psa_mask op is built just in time into its cache')
+            return
         sys.path.insert(0, HERE)
         from psanet.ops import build
         target = os.path.join(self.build_lib, 'psanet', 'ops', build.LIBRARY_NAME + '.so')

@@ -32,7 +32,9 @@ class Segmenter(runtime.Segmenter):
 
         Args:
             config (str): The training config.
-            weights (str): model.pdparams or a checkpoint folder.
+            weights (str): model.pdparams, a checkpoint folder, or an http(s) URL of either
+                a .pdparams or an archive holding one (downloaded once into a cache,
+                ``psanet.weights_download``).
             backend (str, optional): 'dygraph' runs the model itself (predict.py's route);
                 a runtime's name ('paddle', 'onnxruntime', 'openvino'), or None for the
                 fastest installed one, exports the checkpoint (logits out) on the CPU, as

@@ -68,7 +68,10 @@ def add_model_flags(parser):
     """--config and --model_path, as val.py, predict.py and the attention tool take them."""
     parser.add_argument('--config', required=True, help='The config file.')
     parser.add_argument('--model_path', required=True,
-                        help='model.pdparams, or a checkpoint folder such as output/best_model.')
+                        help='model.pdparams, a checkpoint folder such as output/best_model, or an '
+                        'http(s) URL of a .pdparams or of a .zip/.tar.gz holding one '
+                        '(downloaded once into $PSANET_WEIGHTS_CACHE; #sha256=<hex> at its '
+                        'end checks it).')
 
 
 def add_inference_flags(parser, aug_flag):

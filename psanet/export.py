@@ -17,7 +17,7 @@ import yaml
 from paddleseg.deploy.export import WrappedModel
 
 from psanet import interrupts
-from psanet.compat import keep_forward
+from psanet.compat import ORT_UNUSED_INITIALIZER, PIR_OUT_TENSOR, keep_forward
 from psanet.contract import (DEFAULT_TRANSFORMS, DEPLOY_FILE, DEPLOY_SECTION, DYNAMIC_INPUT_SHAPE,
                              INPUT_NAME, ONNX_FILE, OUTPUT_OPS, PALETTES, PARAMS_FILE,
                              PROGRAM_FILE, check_save_dir, get_image_list, palette_for,
@@ -31,7 +31,7 @@ from psanet.deploy.runtimes import create_runner
 from psanet.deploy.quantize import (INT8_FILE, check_calib_images, check_quantize_tools,
                                     quantize_export)
 from psanet.errors import ConfigError
-from psanet.log import get_logger
+from psanet.log import get_logger, without_stderr_lines
 from psanet.ops import psa_impl as use_psa_impl
 from psanet.ops.psa_mask import _IMPLS as PSA_IMPLS
 
@@ -209,7 +209,8 @@ def _write_export(model, val_transforms, save_dir, options, num_classes):
     spec = [paddle.static.InputSpec([None if s < 0 else s for s in options.input_shape],
                                     'float32', INPUT_NAME)]
     try:
-        with use_psa_impl(options.psa_impl), keep_forward(model):
+        with use_psa_impl(options.psa_impl), keep_forward(model), \
+                without_stderr_lines(PIR_OUT_TENSOR):
             # paddle.jit.save names its files <prefix>.json and <prefix>.pdiparams.
             paddle.jit.save(wrapped, os.path.join(save_dir, os.path.splitext(PROGRAM_FILE)[0]),
                             input_spec=spec)
@@ -239,7 +240,8 @@ def _write_export(model, val_transforms, save_dir, options, num_classes):
     with open(os.path.join(save_dir, DEPLOY_FILE), 'w') as f:
         yaml.safe_dump({DEPLOY_SECTION: deploy}, f, sort_keys=False)
     if options.quantize:
-        quantize_export(save_dir, options.calib_images, options.calib_num)
+        with without_stderr_lines(ORT_UNUSED_INITIALIZER):
+            quantize_export(save_dir, options.calib_images, options.calib_num)
 
 
 def export_onnx(save_dir):
@@ -247,12 +249,16 @@ def export_onnx(save_dir):
     _check_onnx_tools()
     import paddle2onnx
     target = os.path.join(save_dir, ONNX_FILE)
-    paddle2onnx.export(os.path.join(save_dir, PROGRAM_FILE),
-                       os.path.join(save_dir, PARAMS_FILE), save_file=target,
-                       opset_version=ONNX_OPSET, enable_onnx_checker=True,
-                       optimize_tool='None')
-    if not os.path.isfile(target):
-        raise RuntimeError(f'paddle2onnx did not write {target}.')
+    # Returned rather than saved: paddle2onnx would log the path inside the hidden folder
+    # the export is written in before it is renamed into place.
+    model = paddle2onnx.export(os.path.join(save_dir, PROGRAM_FILE),
+                               os.path.join(save_dir, PARAMS_FILE), save_file=None,
+                               opset_version=ONNX_OPSET, enable_onnx_checker=True,
+                               optimize_tool='None')
+    if not model:
+        raise RuntimeError(f'paddle2onnx returned no model for {save_dir}.')
+    with open(target, 'wb') as f:
+        f.write(model)
     return target
 
 

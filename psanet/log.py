@@ -10,8 +10,11 @@ import contextlib
 import logging
 import os
 import sys
+import tempfile
+import time
 
-__all__ = ['LOGGER_NAME', 'get_logger', 'setup_logging', 'log_file', 'line_cut']
+__all__ = ['LOGGER_NAME', 'get_logger', 'setup_logging', 'log_file', 'line_cut', 'ProgressBar',
+           'without_stderr_lines']
 
 LOGGER_NAME = 'psanet'
 _FORMATTER = logging.Formatter('%(asctime)s [%(levelname)s]\t%(message)s', '%Y-%m-%d %H:%M:%S')
@@ -127,3 +130,76 @@ def log_file(path, main_process=True):
         handler.close()
         if unconfigured:
             logger.setLevel(logging.NOTSET)
+
+
+class ProgressBar:
+    """A one-line progress bar on stderr in paddleseg's ``Progbar`` form
+    (``3/10 [=====>........] - ETA: 2s``, then ``10/10 [====] - 4s 400ms/image``), for
+    the code that must not import paddleseg (the deploy runtime, weight downloads).
+
+    Args:
+        total (int): the count at the end (images, bytes).
+        unit (str, optional): what is counted, in the closing rate. Default: 'step'.
+        label (callable, optional): how a count is shown, e.g. in MiB. Default: str.
+        interval (float, optional): seconds between redraws. Default: 0.2.
+    """
+
+    def __init__(self, total, unit='step', label=str, interval=0.2):
+        self.total, self.unit, self.label, self.interval = int(total), unit, label, interval
+        self._start = self._drawn = time.time()
+        self._done = 0
+
+    def update(self, done):
+        """Redraws the bar at ``done`` (at most every ``interval`` seconds, and at the end)."""
+        self._done = int(done)
+        now = time.time()
+        finished = self._done >= self.total
+        if now - self._drawn < self.interval and not finished:
+            return
+        self._drawn = now
+        filled = int(30 * min(self._done, self.total) / max(self.total, 1))
+        bar = '=' * max(filled - 1, 0) + ('=' if finished else '>' if filled else '')
+        line = f'{self.label(self._done)}/{self.label(self.total)} [{bar.ljust(30, ".")}]'
+        elapsed = now - self._start
+        if finished:
+            rate = elapsed / max(self._done, 1)
+            rate = f'{rate:.0f}s' if rate >= 1 else f'{rate * 1e3:.0f}ms'
+            line += f' - {elapsed:.0f}s {rate}/{self.unit}\n'
+        else:
+            eta = elapsed / self._done * (self.total - self._done) if self._done else 0
+            line += f' - ETA: {eta:.0f}s'
+        sys.stderr.write('\r' + line)
+        sys.stderr.flush()
+
+    def close(self):
+        """Ends a bar left half-way with a newline, so what follows starts a line of its own."""
+        if self._done < self.total:
+            sys.stderr.write('\n')
+            sys.stderr.flush()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+@contextlib.contextmanager
+def without_stderr_lines(*patterns):
+    """Within the block the process's C-level stderr (file descriptor 2, where C++ libraries
+    log) goes to a temporary file; after it, its lines are written back to stderr but those
+    holding one of ``patterns`` (the upstream lines psanet.compat lists)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            lines = capture.read().decode('utf-8', 'replace').splitlines(keepends=True)
+            sys.stderr.write(''.join(l for l in lines if not any(p in l for p in patterns)))
+            sys.stderr.flush()

@@ -54,4 +54,9 @@ Quick start done. Results:
   exported model                 $OUT/inference_model/ (model.json, model.pdiparams, deploy.yaml)
   Paddle Inference outputs       $OUT/infer/
   attention of four pixels       $OUT/attention/ (one PNG per pixel, and a sheet of all)
+
+In a new shell, first activate the environment (else: No module named 'paddle'):
+  . ${VENV:-.venv}/bin/activate
+then run the commands of README.md from this folder; \`from psanet import Segmenter\` works
+from any folder (psanet is installed editable).
 MSG

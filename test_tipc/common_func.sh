@@ -63,9 +63,12 @@ function status_check(){
     run_command=$2
     run_log=$3
     if [ $last_status -eq 0 ]; then
-        echo -e "\033[33m Run successfully with command - ${run_command}!  \033[0m" | tee -a ${run_log}
+        message="Run successfully with command - ${run_command}!"
     else
         TIPC_FAILED=$((TIPC_FAILED + 1))
-        echo -e "\033[33m Run failed with command - ${run_command}!  \033[0m" | tee -a ${run_log}
+        message="Run failed with command - ${run_command}!"
     fi
+    # Coloured on the console, as PaddleSeg's; plain text in the log that people and tools read.
+    echo -e "\033[33m ${message}  \033[0m"
+    echo "${message}" >> ${run_log}
 }

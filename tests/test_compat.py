@@ -451,3 +451,72 @@ def test_paddle_3_and_develop_builds_pass_the_range_check(tmp_path, version):
                        'if m.split(".")[0] in ("paddle", "psanet")))')
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "['psanet']"
+
+
+def _python(code, *args):
+    """``python -c code args`` (``python code args`` when ``code`` is a file), which must
+    succeed: its CompletedProcess."""
+    command = [code] if os.path.isfile(code) else ['-c', code]
+    result = run_process([sys.executable, *command, *args], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def _stderr_of_args(code, *args):
+    return _python(code, *args).stderr
+
+
+def test_paddleseg_builder_still_prints_each_config_as_yaml():
+    """21: when this fails, paddleseg no longer prints it: delete quiet_builder_messages."""
+    out = _python('from paddleseg.cvlibs.builder import Builder\n'
+                  "Builder.show_msg('model', {'type': 'PSANet'})\n").stdout
+    assert compat.BUILDER_MESSAGE + ' model' in out, out
+
+
+def test_a_config_build_prints_no_yaml(capsys):
+    from paddleseg.cvlibs.builder import Builder
+    Builder.show_msg('model', {'type': 'PSANet'})
+    assert compat.BUILDER_MESSAGE not in capsys.readouterr().out
+
+
+_PIR_ADD = ('import os, sys, tempfile\n'
+            'sys.path.insert(0, os.getcwd())\n'
+            'from psanet import compat, log\n'
+            'import paddle\n'
+            'class Add(paddle.nn.Layer):\n'
+            '    def forward(self, x):\n'
+            '        return paddle.add(x, x)\n'
+            'spec = [paddle.static.InputSpec([None, 2], "float32", "x")]\n'
+            'with log.without_stderr_lines(*sys.argv[1:]):\n'
+            '    print("a line of ours", file=sys.stderr, flush=True)\n'
+            '    os.write(2, b"a C line of ours\\n")\n'
+            '    paddle.jit.save(Add(), os.path.join(tempfile.mkdtemp(), "m"), input_spec=spec)\n')
+
+
+def test_paddle_still_logs_pir_out_tensor_and_the_filter_drops_only_it(tmp_path):
+    """22: when the first assertion fails, Paddle no longer logs it: delete PIR_OUT_TENSOR."""
+    script = tmp_path / 'pir_add.py'  # a file: paddle.jit.save reads the forward's source
+    script.write_text(_PIR_ADD)
+    unfiltered = _stderr_of_args(str(script))
+    assert compat.PIR_OUT_TENSOR in unfiltered, unfiltered
+    filtered = _stderr_of_args(str(script), compat.PIR_OUT_TENSOR)
+    assert compat.PIR_OUT_TENSOR not in filtered, filtered
+    assert 'a line of ours\n' in filtered and 'a C line of ours\n' in filtered, filtered
+
+
+def test_onnxruntime_still_logs_removing_initializer_on_the_int8_preprocessing(tmp_path):
+    """23: when this fails, onnxruntime no longer logs it for our export: delete
+    ORT_UNUSED_INITIALIZER and its filter in psanet/export.py."""
+    from psanet.export import ExportOptions, export_model, onnx_tools_installed
+    if not onnx_tools_installed():
+        pytest.skip('paddle2onnx / onnxruntime not installed')
+    from engine_helpers import mini_psanet_for_eval
+    export_model(mini_psanet_for_eval(seed=1), [{'type': 'Normalize'}], str(tmp_path / 'e'),
+                 ExportOptions(psa_impl='paddle', onnx=True), num_classes=19)
+    code = ('import sys\n'
+            'from onnxruntime.quantization.shape_inference import quant_pre_process\n'
+            'quant_pre_process(sys.argv[1], sys.argv[2], skip_symbolic_shape=True)\n')
+    stderr = _stderr_of_args(code, str(tmp_path / 'e' / 'model.onnx'),
+                             str(tmp_path / 'folded.onnx'))
+    assert compat.ORT_UNUSED_INITIALIZER in stderr, stderr

@@ -82,7 +82,9 @@ def test_reproduction_recipe_in_r50_config():
                                  'end_lr': 1.0e-5, 'power': 0.9}
     assert d['optimizer'] == {'type': 'Momentum', 'momentum': 0.9, 'weight_decay': 4.0e-5}
     m = d['model']
-    assert m['backbone'] == {'type': 'ResNet50_vd', 'output_stride': 8, 'pretrained':
+    assert m['num_classes'] == 19
+    assert m['backbone'] == {'type': 'ResNet50_vd', 'in_channels': 3, 'output_stride': 8,
+                             'pretrained':
                              'https://bj.bcebos.com/paddleseg/dygraph/resnet50_vd_ssld_v2.tar.gz'}
     assert (m['mask_h'], m['mask_w'], m['psa_type'], m['shrink_factor']) == (59, 59, 2, 2)
     assert (m['normalization_factor'], m['psa_softmax'], m['use_psa']) == (1.0, True, True)

@@ -51,3 +51,30 @@ def test_wheel_carries_the_op_and_the_installed_package_uses_it(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert 'building the psa_mask op' not in result.stderr
     assert not (tmp_path / 'no-cache').exists()
+
+
+def _installed_psanet():
+    """What installs psanet in this venv's site-packages: a wheel's or a PEP 660 editable
+    install's dist-info, or a legacy ``setup.py develop`` egg-link (not the egg-info an
+    editable install leaves in the checkout, which the tests' sys.path sees too); or None."""
+    import sysconfig
+    folders = {sysconfig.get_paths()[key] for key in ('purelib', 'platlib')}
+    return next((path for folder in sorted(folders) for pattern in
+                 ('psanet-*.dist-info', 'psanet.egg-link', 'psanet-*.egg-info')
+                 for path in glob.glob(os.path.join(folder, pattern))), None)
+
+
+@pytest.mark.skipif(_installed_psanet() is None,
+                    reason='psanet is not installed in this venv (scripts/setup_env.sh '
+                    'installs it editable; a plain `pytest` from the checkout runs without)')
+def test_the_installed_package_imports_from_any_folder(tmp_path):
+    # What scripts/setup_env.sh promises: `from psanet import Segmenter` outside the
+    # repository, with nothing on PYTHONPATH and another folder as the working directory.
+    env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
+    code = 'import psanet; from psanet import Segmenter; print(psanet.__file__)'
+    result = run_process([sys.executable, '-c', code], cwd=tmp_path, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert result.returncode == 0, result.stderr
+    found = os.path.realpath(result.stdout.strip().splitlines()[-1])
+    editable = os.path.realpath(os.path.join(ROOT, 'psanet', '__init__.py'))
+    assert found == editable or 'site-packages' in found, found

@@ -79,6 +79,8 @@ def test_a_failing_step_fails_the_chain(tipc_lite_data, tmp_path):
     # train, eval, export, two inferences: all fail, then the summary line.
     assert len(steps) == 6 and all('Run failed' in line for line in steps[:5]), steps
     assert '5 step(s) failed' in steps[5]
+    assert not [line for line in steps if '\x1b' in line], steps  # no ANSI colour codes
+    assert '\x1b[33m Run failed with command' in output  # coloured on the console only
 
 
 def test_blank_lines_and_unknown_modes_are_refused(tmp_path):

@@ -34,7 +34,8 @@ FLAGS = (
     ('use_trt', str2bool, False, 'TensorRT subgraphs (GPU).'),
     ('precision', str, 'fp32', 'fp32, or fp16/int8 with --use_trt True on the GPU.'),
     ('enable_mkldnn', str2bool, False, 'oneDNN for the CPU convolutions.'),
-    ('cpu_threads', int, 10, 'Math library threads on the CPU.'),
+    ('cpu_threads', int, None, 'Math library threads on the CPU. Default: 10, or the cores '
+     'this process may use when fewer.'),
     ('benchmark', str2bool, False, 'Print preprocess / inference / postprocess ms per image.'),
     ('model_name', str, '', 'Shown in the --benchmark table (TIPC passes it).'),
     ('print_detail', str2bool, False, "Keep Paddle Inference's glog output."),

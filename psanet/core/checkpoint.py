@@ -22,6 +22,7 @@ from psanet.core.config import ComponentBuilder, load_config
 from psanet.errors import CheckpointError, few
 from psanet.log import get_logger
 from psanet.models.reproduction import convert_reproduction_state, is_reproduction_state
+from psanet.weights_download import fetch_weights, is_url
 
 __all__ = ['WEIGHTS_FILE', 'OPTIMIZER_FILE', 'STATE_FILE', 'save_checkpoint',
            'list_checkpoints', 'newest_loadable_checkpoint', 'checkpoint_iteration',
@@ -284,14 +285,18 @@ def rename_optimizer_state(optimizer_state, saved_names, model):
 
 
 def resolve_weights_path(model_path):
-    """``--model_path`` as a weights file: a .pdparams file, or a folder holding model.pdparams.
+    """``--model_path`` as a weights file: a .pdparams file, a folder holding model.pdparams,
+    or an http(s) URL of either a .pdparams or an archive holding one, downloaded once
+    into the cache (:func:`psanet.weights_download.fetch_weights`).
 
     Raises:
-        CheckpointError: when neither exists.
+        CheckpointError: when neither exists, or the download fails.
     """
     if model_path is None:
-        raise CheckpointError('--model_path is required: pass a model.pdparams file or a '
-                              'checkpoint folder such as output/best_model.')
+        raise CheckpointError('--model_path is required: pass a model.pdparams file, a '
+                              'checkpoint folder such as output/best_model, or an http(s) URL.')
+    if is_url(model_path):
+        model_path = fetch_weights(model_path)
     if os.path.isdir(model_path):
         candidate = os.path.join(model_path, WEIGHTS_FILE)
         if os.path.isfile(candidate):
@@ -385,7 +390,8 @@ def load_model_weights(model, model_path):
 
     Args:
         model (paddle.nn.Layer): the model built from the config.
-        model_path (str): a .pdparams file or a checkpoint folder.
+        model_path (str): a .pdparams file, a checkpoint folder, or an http(s) URL
+            (:func:`resolve_weights_path`).
 
     Returns:
         str: the weights file that was loaded.

@@ -70,16 +70,26 @@ def _write_prediction(pred, image_path, dataset, save_dir):
     return write_image(path, ids)
 
 
-def format_report(result):
-    """PaddleSeg's [EVAL] lines for a result of :func:`evaluate`."""
+def format_report(result, names=None):
+    """PaddleSeg's [EVAL] summary line for a result of :func:`evaluate`, then a table of
+    each class's IoU, precision and recall by name.
+
+    Args:
+        result (dict): from :func:`evaluate`.
+        names (list, optional): the class names. Default: :func:`class_names` of the
+            class count (Cityscapes' for 19).
+    """
     lines = ['[EVAL] #Images: {} mIoU: {:.4f} Acc: {:.4f} Kappa: {:.4f} Dice: {:.4f}'.format(
         result['num_images'], result['miou'], result['acc'], result['kappa'], result['mdice'])]
     if result.get('loss') is not None:
         lines[0] += ' Loss: {:.4f}'.format(result['loss'])
-    with np.printoptions(suppress=True):
-        lines.append('[EVAL] Class IoU: \n' + str(np.round(result['class_iou'], 4)))
-        lines.append('[EVAL] Class Precision: \n' + str(np.round(result['class_precision'], 4)))
-        lines.append('[EVAL] Class Recall: \n' + str(np.round(result['class_recall'], 4)))
+    iou, precision, recall = (result[k] for k in ('class_iou', 'class_precision', 'class_recall'))
+    names = names or class_names(len(iou))
+    width = max(len('class'), *(len(name) for name in names))
+    rows = [f'  {"class":<{width}}     IoU  Precision  Recall']
+    rows += [f'  {name:<{width}}  {i:6.4f}     {p:6.4f}  {r:6.4f}'
+             for name, i, p, r in zip(names, iou, precision, recall)]
+    lines.append('[EVAL] Per class:\n' + '\n'.join(rows))
     return lines
 
 
@@ -169,7 +179,7 @@ def evaluate(model, dataset, options=None, losses=None, logger=None):
     result['num_images'] = len(dataset)
     result['loss'] = float(summed[-2] / summed[-1]) if with_loss and summed[-1] > 0 else None
     if options.print_detail:
-        for line in format_report(result):
+        for line in format_report(result, class_names(num_classes, dataset)):
             logger.info(line)
         if options.save_dir is not None:
             logger.info(f'[EVAL] predictions written to {options.save_dir}')

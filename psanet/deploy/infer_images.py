@@ -14,7 +14,7 @@ from psanet import interrupts
 from psanet.contract import (check_outputs, check_save_dir, color_map, get_image_list, read_images,
                              save_prediction)
 from psanet.errors import DeployError, UnreadableImagesError
-from psanet.log import get_logger
+from psanet.log import ProgressBar, get_logger
 
 from .config import DeployConfig
 from .predictor import PredictorOptions
@@ -27,6 +27,8 @@ __all__ = ['segment_files', 'infer']
 # Benchmark: untimed runs of the first batch first, so that one-time work
 # (oneDNN primitive creation, allocator growth) is not counted.
 WARMUP_RUNS = 3
+# infer.py's --cpu_threads when not given (PaddleSeg's), or the cores this process may use.
+DEFAULT_CPU_THREADS = 10
 
 
 def _readable_batches(images, batch_size, unreadable, logger, timer):
@@ -119,7 +121,8 @@ def infer(config, image_path, save_dir='./output', batch_size=1, benchmark=False
         model_name (str, optional): Named in the benchmark table's title. Default: ''.
         logger (logging.Logger, optional): Default: the engine's 'psanet' logger.
         **predictor_flags: infer.py's ``device``, ``use_trt``, ``precision``,
-            ``enable_mkldnn``, ``cpu_threads`` and ``print_detail``
+            ``enable_mkldnn``, ``cpu_threads`` (None: 10 or the cores, if fewer) and
+            ``print_detail``
             (:class:`psanet.deploy.predictor.PredictorOptions`), and ``backend``: 'paddle'
             (Paddle Inference, the default), 'onnxruntime' or 'openvino'
             (:mod:`psanet.deploy.runtimes`, the runners of :class:`psanet.Segmenter`);
@@ -145,6 +148,8 @@ def infer(config, image_path, save_dir='./output', batch_size=1, benchmark=False
     int8 = backend != 'paddle' and predictor_flags.get('precision') == 'int8'
     if int8:
         predictor_flags['precision'] = 'fp32'  # PredictorOptions describes Paddle's precision
+    if predictor_flags.get('cpu_threads') is None:  # PaddleSeg's 10, cut to the cores unsaid
+        predictor_flags['cpu_threads'] = min(DEFAULT_CPU_THREADS, len(os.sched_getaffinity(0)))
     options = PredictorOptions(**predictor_flags)
     segmenter = Segmenter.from_deploy(deploy, backend, options, int8, batch_size)
     onednn = 'on' if options.enable_mkldnn else 'off'
@@ -156,8 +161,12 @@ def infer(config, image_path, save_dir='./output', batch_size=1, benchmark=False
                 f'({engine}, batch size {batch_size}) ...')
     colors = color_map(deploy.num_classes, cityscapes=deploy.palette == 'cityscapes')
     timer = StageTimer()
-    written, unreadable = segment_files(segmenter, images, save_dir, colors, logger, timer,
-                                        WARMUP_RUNS if benchmark else 0)
+    if benchmark:
+        logger.info(f'Benchmark: {WARMUP_RUNS} untimed warm-up runs of the first batch '
+                    '(one-time setup such as oneDNN primitives), then the timed runs ...')
+    with ProgressBar(len(images), unit='image') as bar:  # predict.py's bar, paddleseg-free
+        written, unreadable = segment_files(segmenter, images, save_dir, colors, logger, timer,
+                                            WARMUP_RUNS if benchmark else 0, bar.update)
     logger.info(f'Results are saved in {os.path.join(save_dir, "pseudo_color_prediction")} '
                 f'and {os.path.join(save_dir, "added_prediction")} .')
     times = timer.summary()
