@@ -186,3 +186,40 @@ def test_sigterm_to_one_node_stops_both_after_the_same_step_with_one_checkpoint(
     assert all(r['start_iter'] == step for r in resumed)
     assert [r['losses'] for r in resumed] == \
         [r['losses'][step:] for r in one_launch['losses']]
+
+
+def test_a_lost_node_ends_the_other_and_auto_resumes_from_the_last_checkpoint(toy, one_launch):
+    """A machine that dies (SIGKILL to node 1's launcher and rank): node 0's rank fails in
+    its next all-reduce instead of waiting, and the relaunch loses the steps since the last
+    --save_interval checkpoint."""
+    launchers, run = _two_nodes(toy, 'lost_node', save_interval=2)
+    save = os.path.join(run, 'save')
+    try:
+        give_up = time.monotonic() + START
+        while not mn.reached(os.path.join(run, 'node0', 'workerlog.0'), SIGNAL_STEP, ITERS) and \
+                time.monotonic() < give_up and all(p.poll() is None for p in launchers):
+            time.sleep(0.05)
+        assert mn.reached(os.path.join(run, 'node0', 'workerlog.0'), SIGNAL_STEP, ITERS), \
+            _logs(run)
+        lost = time.monotonic()
+        mn.kill_all([launchers[1]])
+        assert mn.wait_all([launchers[0]], BOUND), \
+            f'node 0 still running {BOUND} s after node 1 was lost\n' + _logs(run)
+        seconds = round(time.monotonic() - lost, 2)
+    finally:
+        mn.kill_all(launchers)
+    reached = max(i for i, _ in mn.logged_losses(os.path.join(run, 'node0', 'workerlog.0')))
+    last = max(int(n[len('iter_'):]) for n in os.listdir(save) if n.startswith('iter_'))
+    print(f'node 1 lost after step {reached}: node 0 ended in {seconds} s with '
+          f'{launchers[0].returncode}; last checkpoint iter_{last}')
+    assert launchers[0].returncode not in (0, None)
+    assert reached - 2 < last <= reached
+
+    launchers, run2 = _two_nodes(toy, 'lost_node_resume', ['--resume_model', 'auto'],
+                                 save_interval=2, save_dir=save)
+    _finish(launchers, START)
+    assert [p.returncode for p in launchers] == [0, 0], _logs(run2)
+    resumed = mn.losses(run2)
+    assert all(r['start_iter'] == last for r in resumed)
+    assert [r['losses'] for r in resumed] == \
+        [r['losses'][last:] for r in one_launch['losses']]
