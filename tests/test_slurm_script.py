@@ -51,7 +51,7 @@ def _node_env(node, job_id, log_dir, out, restart=0, nodelist='localhost', **ext
                SLURM_NNODES='2', SLURM_NTASKS='2', SLURM_JOB_NUM_NODES='2',
                SLURM_JOB_NODELIST=nodelist, SLURM_JOB_ID=str(job_id),
                SLURM_RESTART_COUNT=str(restart), PSANET_GPUS='cpu', PSANET_LOG_DIR=log_dir,
-               PSANET_TEST_LOSSES=out, PSANET_RENDEZVOUS_TIMEOUT='120')
+               PSANET_TEST_LOSSES=out, PSANET_RENDEZVOUS_TIMEOUT='60')
     env.update(extra)
     return env
 
