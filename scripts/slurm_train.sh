@@ -59,9 +59,14 @@ host_ip() {
 
 # Prints the master endpoint this node would use; for checking a job's variables.
 print_master() {
-    local host
+    local host ip
     host=$(first_host "${SLURM_JOB_NODELIST:?}") || return 1
-    echo "$(host_ip "$host"):${PSANET_MASTER_PORT:-$((10000 + ${SLURM_JOB_ID:?} % 20000))}"
+    if ! ip=$(host_ip "$host" 2>/dev/null); then
+        echo "error: $host, the first node of SLURM_JOB_NODELIST ($SLURM_JOB_NODELIST)," \
+            "has no address here" >&2
+        return 1
+    fi
+    echo "$ip:${PSANET_MASTER_PORT:-$((10000 + ${SLURM_JOB_ID:?} % 20000))}"
 }
 
 # Waits until the launcher has started its ranks (they write workerlog.*); past the
@@ -116,7 +121,9 @@ batch_main() {
         kill -0 "$step" 2>/dev/null || break
     done
     # 143: a rank's exit after SIGTERM and its checkpoint; 15: a signalled launcher's.
-    if ((code == 143 || code == 15)); then
+    # Not after scancel: the job is CANCELLED by the time the nodes have stopped.
+    if ((code == 143 || code == 15)) &&
+        ! scontrol show job "$SLURM_JOB_ID" | grep -q 'JobState=CANCELLED'; then
         echo "slurm_train.sh: the nodes stopped with a checkpoint; requeueing job $SLURM_JOB_ID"
         scontrol requeue "$SLURM_JOB_ID"
     fi

@@ -6,9 +6,10 @@ The per-node part (``slurm_train.sh --node TRAIN_PY_FLAGS``) is run twice with t
 variables Slurm sets in a job step (SLURM_NODEID 0 and 1, SLURM_NNODES,
 SLURM_JOB_NODELIST, SLURM_JOB_ID), on the CPU (``PSANET_GPUS=cpu``), in a folder
 whose train.py is the tests' (multinode_helpers: TinySegNet, losses written). A
-requeue is the same two lines again with SLURM_RESTART_COUNT=1. The batch part
-(srun, scontrol requeue) and the Kubeflow manifest are not run here; the manifest's
-command is checked against the script's.
+requeue is the same two lines again with SLURM_RESTART_COUNT=1. The batch part runs
+once with stand-ins for srun (the per-node command once per node, with SLURM_NODEID
+set) and scontrol (which records a requeue); real Slurm and the Kubeflow manifest are
+not run here; the manifest's command is checked against the script's.
 """
 import os
 import random
@@ -171,6 +172,91 @@ def test_a_node_that_never_comes_is_one_error_within_the_timeout(tmp_path):
         assert f'error: node {node} of 2: not all 2 nodes reached the master {master} ' \
                f'within 8 s (PSANET_RENDEZVOUS_TIMEOUT)' in log, log[-3000:]
         assert not os.path.exists(os.path.join(work, 'save', 'train.log'))
+
+
+# srun as it runs a step of --ntasks-per-node=1: the command once per node, each with its
+# SLURM_NODEID and SLURM_PROCID; its exit code is the largest of theirs. Like srun it stays
+# for its tasks when signalled (Slurm signals them itself).
+FAKE_SRUN = r'''#!/bin/bash
+trap '' TERM
+while [[ $1 == --* ]]; do shift; done
+pids=()
+for ((node = 0; node < SLURM_NNODES; node++)); do
+    SLURM_NODEID=$node SLURM_PROCID=$node "$@" > "$SRUN_LOGS/task$node.log" 2>&1 &
+    pids+=($!)
+done
+code=0
+for pid in "${pids[@]}"; do
+    while :; do wait "$pid"; c=$?; kill -0 "$pid" 2>/dev/null || break; done
+    ((c > code)) && code=$c
+done
+exit $code
+'''
+FAKE_SCONTROL = r'''#!/bin/bash
+case "$1 $2" in
+    "show hostnames") echo localhost ;;
+    "show job") echo "JobId=$3 JobName=psanet JobState=RUNNING" ;;
+    "requeue $SLURM_JOB_ID") echo "$2" >> "$SRUN_LOGS/requeued" ;;
+    *) exit 1 ;;
+esac
+'''
+
+
+def test_the_batch_part_runs_a_task_per_node_and_requeues_after_a_signal(tmp_path):
+    work, config = _setup(tmp_path)
+    submit = os.path.join(work, 'bin')  # train.py (the tests') and scripts/, as in the repo
+    os.symlink(os.path.join(ROOT, 'scripts'), os.path.join(submit, 'scripts'))
+    fakes = tmp_path / 'fakes'
+    fakes.mkdir()
+    for name, text in (('srun', FAKE_SRUN), ('scontrol', FAKE_SCONTROL)):
+        (fakes / name).write_text(text)
+        (fakes / name).chmod(0o755)
+    job_id = _job_id()
+    save = os.path.join(work, 'save')
+    flags = mn.train_flags(config, save, ITERS)
+
+    def batch(name, restart):
+        out = os.path.join(work, name)
+        os.makedirs(out)
+        env = _node_env(0, job_id, os.path.join(work, 'log'), out, restart,
+                        SLURM_SUBMIT_DIR=submit, SRUN_LOGS=out,
+                        PATH=f'{fakes}:{os.environ["PATH"]}')
+        del env['SLURM_NODEID'], env['SLURM_PROCID']  # the batch shell has none
+        return mn.start(['bash', SCRIPT] + flags, os.path.join(out, 'batch.log'), env,
+                        cwd=tmp_path), out
+
+    job, out = batch('first', 0)
+    try:
+        give_up = time.monotonic() + START
+        while not mn.reached(_worker_log(work, job_id, 0, 0), SIGNAL_STEP, ITERS) and \
+                time.monotonic() < give_up and job.poll() is None:
+            time.sleep(0.05)
+        assert mn.reached(_worker_log(work, job_id, 0, 0), SIGNAL_STEP, ITERS), \
+            mn.read(os.path.join(out, 'batch.log')) + _logs(work, out, job_id)
+        for pid in mn.tree(job.pid):  # preemption: every process, the batch shell too
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        assert mn.wait_all([job], BOUND), _logs(work, out, job_id)
+    finally:
+        mn.kill_all([job])
+    batch_log = mn.read(os.path.join(out, 'batch.log'))
+    assert job.returncode == 15, batch_log + _logs(work, out, job_id)
+    assert mn.read(os.path.join(out, 'requeued')) == f'{job_id}\n', batch_log
+    stops = {re.search(r'^error: training stopped by SIGTERM after iteration (\d+);',
+                       mn.read(_worker_log(work, job_id, 0, node)), re.M) for node in (0, 1)}
+    assert None not in stops, _logs(work, out, job_id)
+    step, = {int(found.group(1)) for found in stops}
+    assert sorted(os.listdir(save)) == [f'iter_{step}', 'train.log']
+
+    job, again = batch('requeued', 1)
+    assert _finish([job], START), _logs(work, again, job_id, 1)
+    assert job.returncode == 0, mn.read(os.path.join(again, 'batch.log')) + \
+        _logs(work, again, job_id, 1)
+    assert not os.path.exists(os.path.join(again, 'requeued'))
+    assert [r['start_iter'] for r in mn.losses(again)] == [step, step]
+    assert 'iter_10' in os.listdir(save)
 
 
 def _master(nodelist, path, job_id='12345'):
