@@ -21,9 +21,10 @@ from conftest import ROOT
 
 TESTS = os.path.join(ROOT, 'tests')
 
-# train.py itself, with TinySegNet and Pause registered (register_test_parts) and each rank's per-iteration losses written
-# to $PSANET_TEST_LOSSES/losses.<rank>.json when training completes. Named train.py in a
-# folder of its own, so the "resume with: python train.py ..." line is the real one.
+# train.py itself, with TinySegNet and Pause registered (register_test_parts) and each
+# rank's per-iteration losses written to $PSANET_TEST_LOSSES/losses.<rank>.json when
+# training completes. Named train.py in a folder of its own, so the "resume with:
+# python train.py ..." line is the real one.
 TRAIN_PY = '''"""train.py for the multi-node tests: TinySegNet registered, losses dumped."""
 import importlib.util
 import json

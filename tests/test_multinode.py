@@ -31,7 +31,8 @@ BOUND = 60        # seconds from the signal (or the lost node) to the end of eve
 def toy(tmp_path_factory):
     work = str(tmp_path_factory.mktemp('multinode'))
     config = mn.toy_setup(work, ITERS, pause=PAUSE)
-    return {'work': work, 'config': config, 'train_py': mn.write_train_py(os.path.join(work, 'bin'))}
+    return {'work': work, 'config': config,
+            'train_py': mn.write_train_py(os.path.join(work, 'bin'))}
 
 
 def _env(out, save_seconds=0):

@@ -63,7 +63,9 @@ def _nodes(work, name, flags, job_id, restart=0, nodes=(0, 1), **extra):
     os.makedirs(out)
     tasks = [mn.start(['bash', SCRIPT, '--node'] + flags,
                       os.path.join(out, f'task{node}.log'),
-                      _node_env(node, job_id, os.path.join(work, 'log'), out, restart, **extra), cwd=os.path.join(work, 'bin'))
+                      _node_env(node, job_id, os.path.join(work, 'log'), out, restart,
+                                **extra),
+                      cwd=os.path.join(work, 'bin'))
              for node in nodes]
     return tasks, out
 
@@ -122,6 +124,7 @@ def test_the_per_node_part_trains_two_nodes_stops_on_sigterm_and_continues_reque
         assert mn.reached(_worker_log(work, job_id, 0, 0), SIGNAL_STEP, ITERS), \
             _logs(work, out, job_id)
         everyone = [p for task in tasks for p in mn.tree(task.pid)]
+        sent = time.monotonic()
         for pid in everyone:
             try:
                 os.kill(pid, signal.SIGTERM)
@@ -129,6 +132,7 @@ def test_the_per_node_part_trains_two_nodes_stops_on_sigterm_and_continues_reque
                 pass
         assert mn.wait_all(tasks, BOUND), f'running {BOUND} s after SIGTERM\n' + \
             _logs(work, out, job_id)
+        stop_seconds = time.monotonic() - sent
     finally:
         mn.kill_all(tasks)
     # The tasks are the launchers (exec'd), signalled: 15, which the batch part requeues.
@@ -146,8 +150,18 @@ def test_the_per_node_part_trains_two_nodes_stops_on_sigterm_and_continues_reque
     assert sorted(os.listdir(save)) == [f'iter_{step}', 'train.log']
 
     # The requeued job: the same lines, the next restart count; --resume_model auto.
+    started = time.monotonic()
     tasks, again = _nodes(work, 'requeued', flags, job_id, restart=1)
+    first_step = None
+    while first_step is None and time.monotonic() < started + START and \
+            all(t.poll() is None for t in tasks):
+        if mn.reached(_worker_log(work, job_id, 1, 0), step + 1, ITERS):
+            first_step = time.monotonic() - started
+        time.sleep(0.05)
     assert _finish(tasks, START), _logs(work, again, job_id, 1)
+    print(f'SIGTERM to every process after step {SIGNAL_STEP}: stopped after step {step} '
+          f'in {stop_seconds:.2f} s; the requeued nodes logged step {step + 1} '
+          f'{first_step and round(first_step, 1)} s after their start')
     assert [t.returncode for t in tasks] == [0, 0], _logs(work, again, job_id, 1)
     resumed = mn.losses(again)
     assert [r['start_iter'] for r in resumed] == [step, step]
