@@ -1,20 +1,30 @@
-"""``python -m psanet.launch``: ``paddle.distributed.launch`` with its etcd master checked first.
+"""``python -m psanet.launch``: ``paddle.distributed.launch`` with its master checked.
 
 It takes exactly the arguments of Paddle's launcher and then becomes it (``exec``:
-the same process, signals and exit code). For an ``etcd://`` master (Paddle's
-elastic mode) it first sets what etcd3 0.12 and gRPC need in the launcher and
-checks that the etcd answers, so that an etcd that is down or unreachable is one
-line instead of the launcher's traceback 2 to 22 s later (docs/training.md, "On
-a cluster").
+the same process, signals and exit code), with two checks (docs/training.md, "On a
+cluster"):
+
+- an ``etcd://`` master (Paddle's elastic mode): what etcd3 0.12 and gRPC need is
+  set, and the etcd must answer, so that one that is down or unreachable is one
+  line instead of the launcher's traceback 2 to 22 s later;
+- more than one node with Paddle's own (HTTP) master: its rendezvous has no
+  timeout, so a node that never comes would leave the others waiting for ever. A
+  watcher process kills this launcher (SIGKILL: it has no ranks yet, and a
+  scheduler takes a SIGTERMed one for a preempted one) and says so in one line when
+  its ranks have not started within ``PSANET_RENDEZVOUS_TIMEOUT`` seconds (300).
 """
+import glob
 import os
+import signal
 import sys
+import time
 
 from psanet import compat  # noqa: F401  (filters Paddle's ccache notice before paddle loads)
 
 __all__ = ['main']
 
 ETCD_TIMEOUT = 5  # seconds for the etcd to answer its status request
+RENDEZVOUS_TIMEOUT = 300  # default of PSANET_RENDEZVOUS_TIMEOUT
 # etcd3 0.12's generated _pb2 files load only with the pure-Python protobuf (protobuf 4+
 # refuses them: "Descriptors cannot be created directly"). The launcher forks its ranks while
 # its etcd watch thread is inside gRPC, whose fork handlers then break a rank at start now
@@ -57,6 +67,44 @@ def check_etcd(master, timeout=ETCD_TIMEOUT):
     return None
 
 
+def watch_rendezvous(launcher, args, timeout):
+    """In a process of its own: SIGKILLs ``launcher`` and writes one line when the
+    ranks it starts (their ``workerlog.*`` in ``--log_dir``) are not there in time."""
+    child = os.fork()
+    if child != 0:
+        os.waitpid(child, 0)
+        return
+    if os.fork() != 0:  # the watcher is the grandchild: nobody has to reap it
+        os._exit(0)
+    os.setsid()  # not in the launcher's group: a signal to the job is not for it
+    started, deadline = time.time(), time.monotonic() + timeout
+    pattern = os.path.join(args.log_dir, 'workerlog.*')
+    try:
+        while time.monotonic() < deadline:
+            os.kill(launcher, 0)
+            if any(os.path.getmtime(path) >= started - 1 for path in glob.glob(pattern)):
+                os._exit(0)  # this launch's ranks write (a reused --log_dir has old ones)
+            time.sleep(0.5)
+        os.kill(launcher, signal.SIGKILL)
+        node = '?' if args.rank in (None, -1) else args.rank
+        os.write(2, (f'error: node {node} of {args.nnodes}: not all {args.nnodes} nodes reached '
+                     f'the master {args.master} within {timeout} s (PSANET_RENDEZVOUS_TIMEOUT); '
+                     'this node\'s launcher is killed (SIGKILL). Check that every node runs the '
+                     'same launch line with its own --rank, that --master is an address of the '
+                     'first node that the others reach, and that its port is free there.\n'
+                     ).encode())
+    except OSError:  # the launcher has ended
+        pass
+    os._exit(0)
+
+
+def _rendezvous_timeout():
+    value = os.environ.get('PSANET_RENDEZVOUS_TIMEOUT', str(RENDEZVOUS_TIMEOUT))
+    if not value.isdigit() or int(value) < 1:
+        return None
+    return int(value)
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if any('etcd://' in arg for arg in argv + [os.environ.get('PADDLE_MASTER', '')]):
@@ -64,12 +112,20 @@ def main(argv=None):
         for name, value in ETCD_ENVIRONMENT.items():
             os.environ.setdefault(name, value)
     if argv and argv[0] not in ('-h', '--help'):
-        master = _launcher_args(argv).master or os.environ.get('PADDLE_MASTER') or ''
+        args = _launcher_args(argv)
+        master = args.master or os.environ.get('PADDLE_MASTER') or ''
         if master.startswith('etcd://'):
             problem = check_etcd(master)
             if problem is not None:
                 print(f'error: {problem}', file=sys.stderr)
                 return 2
+        elif master and str(args.nnodes).split(':')[0] not in ('', '1'):
+            timeout = _rendezvous_timeout()
+            if timeout is None:
+                print('error: PSANET_RENDEZVOUS_TIMEOUT must be a whole number of seconds above '
+                      f'0, got {os.environ["PSANET_RENDEZVOUS_TIMEOUT"]!r}.', file=sys.stderr)
+                return 2
+            watch_rendezvous(os.getpid(), args, timeout)
     os.execv(sys.executable, [sys.executable, '-m', 'paddle.distributed.launch'] + argv)
 
 

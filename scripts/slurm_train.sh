@@ -69,28 +69,6 @@ print_master() {
     echo "$ip:${PSANET_MASTER_PORT:-$((10000 + ${SLURM_JOB_ID:?} % 20000))}"
 }
 
-# Waits until the launcher has started its ranks (they write workerlog.*); past the
-# timeout, says so and stops the launcher, which would otherwise wait forever.
-watch_rendezvous() {
-    local launcher=$1 log_dir=$2 master=$3 timeout=$4 node=$5 nnodes=$6
-    local deadline=$((SECONDS + timeout + 1))  # SECONDS counts whole seconds
-    while kill -0 "$launcher" 2>/dev/null; do
-        compgen -G "$log_dir/workerlog.*" >/dev/null && return 0
-        if ((SECONDS >= deadline)); then
-            # SIGKILL: it has no ranks yet, and a SIGTERM would make it exit 15, which
-            # the batch step takes for a preemption to requeue.
-            kill -KILL "$launcher" 2>/dev/null
-            echo "error: node $node of $nnodes: not all $nnodes nodes reached the master" \
-                "$master within $timeout s (PSANET_RENDEZVOUS_TIMEOUT); this node's" \
-                "launcher is killed (SIGKILL). Check that every node runs this job" \
-                "step, that the first node of SLURM_JOB_NODELIST resolves to an address" \
-                "the others reach, and that port ${master##*:} is free there." >&2
-            return 1
-        fi
-        sleep 0.5
-    done
-}
-
 # What srun runs on each node: one launcher, its ranks numbered after the node's.
 node_main() {
     local node=${SLURM_NODEID:?} nnodes=${SLURM_NNODES:?} master
@@ -100,10 +78,9 @@ node_main() {
     if [[ ${PSANET_GPUS:-} == cpu ]]; then
         devices=(--nproc_per_node "${PSANET_NPROC_PER_NODE:-1}")
     fi
-    watch_rendezvous $$ "$log_dir" "$master" "${PSANET_RENDEZVOUS_TIMEOUT:-300}" "$node" \
-        "$nnodes" &
     # exec: the launcher is this task's process, so a signal to the task reaches it once.
-    exec python -m paddle.distributed.launch --master "$master" --nnodes "$nnodes" \
+    # psanet.launch: Paddle's launcher, ended in one line past PSANET_RENDEZVOUS_TIMEOUT.
+    exec python -m psanet.launch --master "$master" --nnodes "$nnodes" \
         --rank "$node" --log_dir "$log_dir" "${devices[@]}" \
         train.py "$@" --resume_model auto
 }

@@ -2,7 +2,8 @@
 tests/test_slurm_script.py: the toy data and config, a train.py that knows TinySegNet,
 launchers standing for nodes, and what their runs left behind.
 
-Each launcher is one ``python -m paddle.distributed.launch --nnodes N`` (or one
+Each launcher is one ``python -m psanet.launch --nnodes N`` (Paddle's launcher after
+psanet's checks) (or one
 ``--nproc_per_node N`` launch to compare with), started in a session of its own
 with its own ``--log_dir``, as on a machine of its own; they meet at a
 ``--master 127.0.0.1:<port>``.
@@ -130,7 +131,7 @@ def start(args, log_path, env=None, cwd=ROOT):
 
 
 def launch_args(log_dir, script, flags, nnodes=1, nproc=1, master=None, rank=None):
-    args = [sys.executable, '-m', 'paddle.distributed.launch', '--log_dir', log_dir,
+    args = [sys.executable, '-m', 'psanet.launch', '--log_dir', log_dir,
             '--nproc_per_node', str(nproc)]
     if nnodes > 1:
         args += ['--master', master, '--nnodes', str(nnodes)]

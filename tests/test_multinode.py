@@ -225,3 +225,32 @@ def test_a_lost_node_ends_the_other_and_auto_resumes_from_the_last_checkpoint(to
     assert all(r['start_iter'] == last for r in resumed)
     assert [r['losses'] for r in resumed] == \
         [r['losses'][last:] for r in one_launch['losses']]
+
+
+@pytest.mark.parametrize('node', [0, 1])
+def test_a_node_that_never_comes_ends_the_launch_line_in_one_line(toy, node):
+    """node 0 alone waits for its peer; node 1 alone, for a master nobody starts: Paddle's
+    rendezvous has no timeout, psanet.launch's watcher ends it (SIGKILL, one line)."""
+    run = os.path.join(toy['work'], f'alone{node}')
+    os.makedirs(run)
+    master = f'127.0.0.1:{mn.free_port()}'
+    flags = mn.train_flags(toy['config'], os.path.join(run, 'save'), ITERS)
+    env = dict(_env(run), PSANET_RENDEZVOUS_TIMEOUT='6')
+    started = time.monotonic()
+    launcher = mn.start(mn.launch_args(os.path.join(run, 'log'), toy['train_py'], flags,
+                                       nnodes=2, master=master, rank=node),
+                        os.path.join(run, 'launcher.log'), env)
+    try:
+        assert mn.wait_all([launcher], 60), 'the lone launcher still runs after 60 s'
+    finally:
+        mn.kill_all([launcher])
+    seconds = time.monotonic() - started
+    log = mn.read(os.path.join(run, 'launcher.log'))
+    errors = [line for line in log.splitlines() if line.startswith('error: ')]
+    assert launcher.returncode == -signal.SIGKILL and 6 <= seconds < 30, (seconds, log[-2000:])
+    assert errors == [
+        f'error: node {node} of 2: not all 2 nodes reached the master {master} within 6 s '
+        '(PSANET_RENDEZVOUS_TIMEOUT); this node\'s launcher is killed (SIGKILL). Check that '
+        'every node runs the same launch line with its own --rank, that --master is an address '
+        'of the first node that the others reach, and that its port is free there.']
+    assert not os.path.exists(os.path.join(run, 'save'))

@@ -263,6 +263,11 @@ def test_the_resume_line_of_an_auto_run_is_the_same_command(monkeypatch):
     assert resume_command('out/iter_5', 2, Options()) == (
         'python -m paddle.distributed.launch --nproc_per_node 2 train.py --config c.yml '
         '--save_dir out --resume_model out/iter_5')
+    # On two nodes each has its own launch line (--master, --rank): train.py's part only.
+    monkeypatch.setenv('PADDLE_NNODES', '2')
+    assert resume_command('out/iter_5', 2, Options()) == (
+        'the launch line of each of the 2 nodes, with train.py --config c.yml --save_dir out '
+        '--resume_model out/iter_5')
 
 
 def test_a_rank_that_does_not_see_the_checkpoint_of_rank_0_says_why(tmp_path):

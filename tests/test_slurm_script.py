@@ -305,7 +305,8 @@ def test_the_kubeflow_manifest_runs_the_scripts_training_command():
     worker = job['spec']['paddleReplicaSpecs']['Worker']
     container, = worker['template']['spec']['containers']
     command = container['command']
-    assert command[:3] == ['python', '-m', 'paddle.distributed.launch']
+    assert command[:3] == ['python', '-m', 'psanet.launch']
+    assert 'exec python -m psanet.launch ' in open(SCRIPT).read()
     train = command[command.index('train.py'):]
     # The script's: train.py, the flags of its sbatch example, --resume_model auto.
     script = open(SCRIPT).read()

@@ -270,7 +270,8 @@ def checkpoint_state(run, state):
 
 def resume_command(path, world_size, options=None):
     """train.py's command line with ``--resume_model path`` (and no other --resume_model);
-    with ``--resume_model auto`` the same command."""
+    with ``--resume_model auto`` the same command. On several nodes: train.py's part, for
+    each node's launch line."""
     argv = sys.argv
     auto = options is not None and options.resume_model == RESUME_AUTO
     if os.path.basename(argv[0]) != 'train.py':
@@ -286,6 +287,10 @@ def resume_command(path, world_size, options=None):
             skip = True
             continue
         kept.append(arg)
+    train = shlex.join([argv[0]] + kept + ['--resume_model', path])
+    nodes = os.environ.get('PADDLE_NNODES', '1')
+    if nodes.isdigit() and int(nodes) > 1:  # the launch line is each node's own: not known here
+        return f'the launch line of each of the {nodes} nodes, with {train}'
     launch = (['-m', 'paddle.distributed.launch', '--nproc_per_node', str(world_size)]
               if world_size > 1 else [])
-    return shlex.join(['python'] + launch + [argv[0]] + kept + ['--resume_model', path])
+    return shlex.join(['python'] + launch) + ' ' + train
