@@ -261,3 +261,79 @@ def test_each_route_refuses_the_options_of_the_other(trained):
         Segmenter.from_config(MINI_CONFIG, weights, backend='dygraph', cpu_threads=2, int8=True)
     with pytest.raises(DeployError, match='pass backend="dygraph"'):
         Segmenter.from_config(MINI_CONFIG, weights, inference={'aug_eval': True})
+
+
+# --- Around any runner: a stand-in model whose output is worked out here ------------------
+
+class _ChannelScores:
+    """A stand-in runner: the normalised R, G, B of every ``stride``-th pixel as the scores
+    of three classes (so an image's labels are the argmax of its own channels); records
+    the size of each batch it runs."""
+
+    def __init__(self, stride=1):
+        self.stride, self.batches = stride, []
+
+    def run(self, batch):
+        self.batches.append(len(batch))
+        return np.ascontiguousarray(batch[:, :, ::self.stride, ::self.stride])
+
+
+def _channel_segmenter(stride=1, batch_size=1):
+    from paddleseg.transforms import Compose, Normalize
+    return Segmenter(_ChannelScores(stride), Compose([Normalize()]), batch_size=batch_size)
+
+
+def _image(seed, height=12, width=20):
+    return np.random.RandomState(seed).randint(0, 256, (height, width, 3)).astype('uint8')
+
+
+@pytest.mark.parametrize('image, message', [
+    (_image(0).astype('float32') / 255, r'must be uint8 .*got float32; a float image in '
+                                        r'\[0, 1\] becomes one with \(image \* 255\)'),
+    (_image(0).astype('uint16') * 257, r'must be uint8 .*got uint16; read 8 bits with '
+                                       r'cv2.imread\(path\)'),
+    (_image(0).astype('int64'), 'must be uint8 .*got int64; read images with cv2.imread'),
+    (np.zeros((0, 0, 3), 'uint8'), r'image 0: the array is empty \(shape \[0, 0, 3\]\)'),
+    (None, r'got None \(cv2.imread returns None'),
+    ([None], r'image 0: got None \(cv2.imread returns None'),
+    (7, 'expected an image path, a BGR numpy array or a list of them, got int'),
+])
+def test_an_array_cv2_imread_would_not_give_is_refused_not_misread(image, message):
+    """A float image in [0, 1] or a 16-bit one would be taken as 0-255 values: other classes,
+    no error (the labels of the uint8 image agree on 88% / 81% of the pixels)."""
+    seg = _channel_segmenter()
+    with pytest.raises(DeployError, match=message):
+        seg(image)
+    with pytest.raises(DeployError, match=message):
+        seg.logits(image)
+    # The uint8 image itself: the argmax of its own normalised R, G, B.
+    want = np.argmax(_image(0)[:, :, ::-1], axis=2)
+    np.testing.assert_array_equal(seg(_image(0)), want)
+
+
+@pytest.mark.parametrize('count, batch_size, want', [
+    (4, 3, [3, 1]), (7, 2, [2, 2, 2, 1]), (3, 3, [3]), (2, 1, [1, 1])])
+def test_a_run_holds_at_most_batch_size_images(count, batch_size, want):
+    seg = _channel_segmenter(batch_size=batch_size)
+    images = [_image(i) for i in range(count)]
+    labels = seg(images)
+    assert seg.runner.batches == want
+    for image, label in zip(images, labels):
+        np.testing.assert_array_equal(label, np.argmax(image[:, :, ::-1], axis=2))
+
+
+@pytest.mark.parametrize('height, width', [(12, 20), (13, 21), (7, 31)])
+def test_scores_of_a_model_whose_output_is_smaller_come_back_at_the_image_size(height, width):
+    """A model whose output is a quarter of its input (every other pixel): logits and labels
+    are resized to the image (bilinear, as paddleseg's F.interpolate), the labels their
+    argmax there."""
+    seg = _channel_segmenter(stride=2)
+    image = _image(3, height, width)
+    x = ((image[:, :, ::-1].astype('float32') / 255 - 0.5) / 0.5).transpose(2, 0, 1)[None]
+    small = paddle.to_tensor(np.ascontiguousarray(x[:, :, ::2, ::2]))
+    want = F.interpolate(small, (height, width), mode='bilinear',
+                         align_corners=False).numpy()[0]
+    logits = seg.logits(image)
+    assert logits.shape == (3, height, width)
+    np.testing.assert_allclose(logits, want, atol=1e-5)
+    assert_logits_agree(seg(image), want, 1e-5, 'labels', class_axis=0, min_clear=0.8)

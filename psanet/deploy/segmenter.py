@@ -25,21 +25,51 @@ __all__ = ['Segmenter']
 
 def _as_list(images):
     """``(list of images, whether one image was given)``; each a path or a BGR array."""
+    if images is None:
+        raise DeployError('expected an image path, a BGR numpy array or a list of them, got '
+                          'None (cv2.imread returns None for a file it cannot read: check '
+                          'the path).')
     single = isinstance(images, (str, os.PathLike, np.ndarray))
+    if not single and not hasattr(images, '__iter__'):
+        raise DeployError(f'expected an image path, a BGR numpy array or a list of them, got '
+                          f'{type(images).__name__}.')
     items = [images] if single else list(images)
     for i, item in enumerate(items):
         if isinstance(item, os.PathLike):
             items[i] = os.fspath(item)
         elif isinstance(item, np.ndarray):
-            if item.ndim != 3 or item.shape[2] != 3:
-                raise DeployError(f'image {i}: a BGR array must be H x W x 3, got shape '
-                                  f'{list(item.shape)}; read images with cv2.imread(path), '
-                                  'or convert a grey one with cv2.cvtColor(image, '
-                                  'cv2.COLOR_GRAY2BGR).')
+            _check_array(i, item)
+        elif item is None:
+            raise DeployError(f'image {i}: got None (cv2.imread returns None for a file it '
+                              'cannot read: check the path).')
         elif not isinstance(item, str):
             raise DeployError(f'image {i}: expected a path or a BGR numpy array, got '
                               f'{type(item).__name__}.')
     return items, single
+
+
+def _check_array(i, image):
+    """A BGR array as cv2.imread reads it: uint8 H x W x 3, not empty. Another dtype would be
+    taken as 0-255 values and give other classes without a word."""
+    if image.ndim != 3 or image.shape[2] != 3:
+        raise DeployError(f'image {i}: a BGR array must be H x W x 3, got shape '
+                          f'{list(image.shape)}; read images with cv2.imread(path), '
+                          'or convert a grey one with cv2.cvtColor(image, '
+                          'cv2.COLOR_GRAY2BGR).')
+    if image.dtype != np.uint8:
+        if np.issubdtype(image.dtype, np.floating):
+            fix = ('a float image in [0, 1] becomes one with '
+                   '(image * 255).round().astype(np.uint8)')
+        elif image.dtype == np.uint16:
+            fix = ('read 8 bits with cv2.imread(path) (not IMREAD_UNCHANGED), or convert with '
+                   '(image // 257).astype(np.uint8)')
+        else:
+            fix = 'read images with cv2.imread(path)'
+        raise DeployError(f'image {i}: a BGR array must be uint8 (0 to 255, as cv2.imread '
+                          f'reads it), got {image.dtype}; {fix}.')
+    if image.shape[0] == 0 or image.shape[1] == 0:
+        raise DeployError(f'image {i}: the array is empty (shape {list(image.shape)}); pass '
+                          'an image of at least 1 x 1 pixels.')
 
 
 def _checked_batch_size(batch_size):
