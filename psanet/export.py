@@ -182,24 +182,47 @@ def export_model(model, val_transforms, save_dir, options=None, num_classes=None
     """
     options = options or ExportOptions()
     check_export_dir(save_dir)
-    export_files = {PROGRAM_FILE, PARAMS_FILE, ONNX_FILE, INT8_FILE, DEPLOY_FILE}
     write_folder(save_dir, lambda folder: _write_export(
         model, val_transforms, folder, options, num_classes),
-        carry_over=lambda name: name not in export_files)
+        carry_over=lambda name: name not in EXPORT_FILES)
     return os.path.join(save_dir, DEPLOY_FILE)
 
 
-def check_export_dir(save_dir):
+EXPORT_FILES = (PROGRAM_FILE, PARAMS_FILE, ONNX_FILE, INT8_FILE, DEPLOY_FILE)
+
+
+def check_export_dir(save_dir, flag='--save_dir'):
     """Raises ConfigError unless ``save_dir`` can be an export folder: one this process can
     write, and one that can be renamed, as the swap of a finished export does (not the
-    current folder nor a mount point, such as a Docker volume). Nothing is created."""
-    check_save_dir(save_dir)
+    current folder nor a mount point, such as a Docker volume), and one whose files of an
+    export's names belong to an export (a deploy.yaml with a ``Deploy:`` section naming
+    model and params): the user's own deploy.yaml is never replaced. Nothing is created."""
+    check_save_dir(save_dir, flag)
     path = os.path.abspath(save_dir)
+    if os.path.isdir(path):
+        taken = [name for name in EXPORT_FILES if os.path.lexists(os.path.join(path, name))]
+        if taken and not _is_export_deploy_file(os.path.join(path, DEPLOY_FILE)):
+            raise ConfigError(f'{flag} {save_dir} holds {", ".join(taken)} of no export '
+                              f'(no {DEPLOY_FILE} with a `{DEPLOY_SECTION}:` section naming model '
+                              'and params): an export would replace them; pass a new or empty '
+                              'folder, or move those files away.')
     if os.path.isdir(path) and (os.path.ismount(path) or path == os.getcwd()):
         what = 'the current folder' if path == os.getcwd() else 'a mount point'
         raise ConfigError(f'--save_dir {save_dir} is {what}, which cannot be renamed: an export '
                           'is written beside its folder and swapped in whole; pass a folder '
                           f'below it, e.g. {os.path.join(save_dir, "inference_model")}.')
+
+
+def _is_export_deploy_file(path):
+    """True when ``path`` is a deploy.yaml an export wrote: YAML whose ``Deploy:`` section
+    names the model and its parameters."""
+    try:
+        with open(path, 'rb') as f:
+            dic = yaml.safe_load(f.read().decode('utf-8'))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    section = dic.get(DEPLOY_SECTION) if isinstance(dic, dict) else None
+    return isinstance(section, dict) and 'model' in section and 'params' in section
 
 
 def _write_export(model, val_transforms, save_dir, options, num_classes):

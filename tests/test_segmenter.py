@@ -337,3 +337,37 @@ def test_scores_of_a_model_whose_output_is_smaller_come_back_at_the_image_size(h
     assert logits.shape == (3, height, width)
     np.testing.assert_allclose(logits, want, atol=1e-5)
     assert_logits_agree(seg(image), want, 1e-5, 'labels', class_axis=0, min_clear=0.8)
+
+
+@pytest.mark.parametrize('own', [
+    'my: settings\n',                     # the user's own YAML
+    'Deploy:\n  transforms: []\n',        # a Deploy section that names no model
+    b'\xff\xfe not text',                 # not even text
+])
+def test_from_config_leaves_a_deploy_yaml_of_the_users_as_it_was(trained, tmp_path, own):
+    folder = tmp_path / 'mine'
+    folder.mkdir()
+    mine = folder / 'deploy.yaml'
+    (mine.write_bytes if isinstance(own, bytes) else mine.write_text)(own)
+    before = mine.read_bytes()
+    with pytest.raises(Exception, match=f'^save_dir {folder} holds deploy.yaml of no export '
+                       r'\(no deploy.yaml with a `Deploy:` section naming model and params\): '
+                       'an export would replace them; pass a new or empty folder'):
+        Segmenter.from_config(MINI_CONFIG, trained[1], save_dir=str(folder), cpu_threads=1)
+    assert mine.read_bytes() == before and os.listdir(folder) == ['deploy.yaml']
+
+
+def test_an_export_folder_is_exported_into_again(checkpoint, tmp_path):
+    """The folder of an export (its deploy.yaml names model and params) is replaced."""
+    from psanet.export import check_export_dir
+    check_export_dir(checkpoint[2])  # raises nothing
+
+
+@pytest.mark.parametrize('backend', ['dynamic', 'tensorrt', 'Paddle'])
+def test_an_unknown_backend_is_refused_before_any_export(trained, tmp_path, backend):
+    """Before the export (12 s), and with 'dygraph' among the choices."""
+    with pytest.raises(DeployError, match=r"^backend must be one of \('dygraph', 'paddle', "
+                       rf"'onnxruntime', 'openvino'\) \(or None: .*got '{backend}'"):
+        Segmenter.from_config(MINI_CONFIG, trained[1], backend=backend,
+                              save_dir=str(tmp_path / 'export'))
+    assert not os.path.exists(tmp_path / 'export')
