@@ -46,6 +46,9 @@ def test_signals_in_every_phase_end_every_run_under_load(tmp_path):
     # The moments reached the phases (a short phase may be over when the signal lands).
     phases = {r['phase'] for r in results}
     assert {'start-up', 'step', 'between-steps', 'workers-start', 'evaluate'} <= phases, phases
+    # A signal abandoned an evaluation, and the harness checked that the run stopped after
+    # the evaluated step (not one step later).
+    assert any(r.get('evaluation_abandoned') for r in results), results
 
 
 class _SendsInDel:
