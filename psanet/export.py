@@ -128,6 +128,10 @@ class ExportOptions:
                               '(paddle2onnx cannot convert custom operators).')
         if self.onnx:
             _check_onnx_tools()
+        if self.quantize is None and self.calib_images is not None:
+            raise ConfigError('--calib_images calibrates --quantize int8, which is not given: add '
+                              '--quantize int8 (with --psa_impl paddle --onnx), or drop '
+                              '--calib_images.')
         if self.quantize is not None:
             if self.quantize != 'int8':
                 raise ConfigError(f"--quantize must be int8, got {self.quantize!r}.")
@@ -159,6 +163,12 @@ def _check_onnx_tools():
         raise ConfigError(f'--onnx needs {" and ".join(missing)}, which {verb} not installed: '
                           f'{ONNX_INSTALL} (paddle2onnx has no wheels for Python 3.13 yet), '
                           'or export without --onnx.')
+    try:
+        import paddle2onnx  # noqa: F401  (installed is not enough: it must import)
+    except Exception as error:  # a broken install raises anything
+        raise ConfigError(f'--onnx needs paddle2onnx, which is installed but fails to import '
+                          f'({type(error).__name__}: {error}): pip install --force-reinstall '
+                          'paddle2onnx, or export without --onnx.') from None
 
 
 def export_model(model, val_transforms, save_dir, options=None, num_classes=None):

@@ -392,3 +392,93 @@ def test_openvino_is_asked_for_f32_on_any_cpu(checkpoint, monkeypatch, runtime):
     assert [(device, config.get('INFERENCE_PRECISION_HINT')) for device, config in asked] == \
         [('CPU', 'f32')]
     assert runner.compiled.get_property('INFERENCE_PRECISION_HINT') == openvino.Type.f32
+
+
+# --- A new user's mistakes with an export: each one line ----------------------------------
+
+def _copy_export(export, folder, **entries):
+    """A copy of the export's files, deploy.yaml's Deploy section updated with ``entries``
+    (None deletes one)."""
+    import shutil
+    import yaml
+    shutil.copytree(export, folder)
+    with open(os.path.join(folder, 'deploy.yaml')) as f:
+        dic = yaml.safe_load(f)
+    for key, value in entries.items():
+        if value is None:
+            dic['Deploy'].pop(key, None)
+        else:
+            dic['Deploy'][key] = value
+    with open(os.path.join(folder, 'deploy.yaml'), 'w') as f:
+        yaml.safe_dump(dic, f)
+    return str(folder)
+
+
+@pytest.mark.parametrize('cpu_threads', [0, -2, True, 1.5])
+def test_cpu_threads_below_one_is_refused_not_taken_as_the_default(checkpoint, cpu_threads):
+    with pytest.raises(DeployError, match=r'^cpu_threads must be an integer >= 1 \(or None: the '
+                       rf'CPUs this process may use, \d+ here\), got {cpu_threads!r}\.$'):
+        Segmenter.from_export(checkpoint[2], backend='paddle', cpu_threads=cpu_threads)
+
+
+def test_an_inference_option_that_does_not_exist_is_named(trained):
+    with pytest.raises(Exception, match=r"^inference= has no option 'flip'; its options "
+                       r"\(InferenceOptions' fields\) are \['aug_eval', .*'flip_horizontal'"):
+        Segmenter.from_config(MINI_CONFIG, trained[1], backend='dygraph',
+                              inference={'flip': True})
+
+
+@pytest.mark.parametrize('name', ['model.pdparams', 'model.pdiparams', 'model.json',
+                                  'model.onnx'])
+def test_a_model_file_given_for_the_export_names_what_to_pass(checkpoint, tmp_path, name):
+    path = tmp_path / name
+    path.write_bytes(b'\x80\x04 pickled weights')
+    with pytest.raises(DeployError, match=f'^{path} is a model file, not a deploy.yaml: pass '
+                       f"the export's folder \\({tmp_path}\\) or its deploy.yaml; a checkpoint"):
+        Segmenter.from_export(str(path))
+
+
+@pytest.mark.parametrize('entries, message', [
+    ({'model': ['model.json']}, r"Deploy.model must be a file name such as model.json, got "
+                                r"\['model.json'\]"),
+    ({'params': 7}, 'Deploy.params must be a file name such as model.pdiparams, got 7'),
+    ({'onnx': {'file': 'model.onnx'}}, 'Deploy.onnx must be a file name such as model.onnx'),
+    ({'num_classes': 'many'}, "Deploy.num_classes must be a positive integer, got 'many'"),
+    ({'num_classes': 0}, 'Deploy.num_classes must be a positive integer, got 0'),
+])
+def test_a_deploy_yaml_entry_of_the_wrong_kind_is_named(checkpoint, tmp_path, entries, message):
+    folder = _copy_export(checkpoint[2], tmp_path / 'export', **entries)
+    with pytest.raises(DeployError, match=f'^{folder}/deploy.yaml: {message}.*: fix it or '
+                       'export the model again.$'):
+        Segmenter.from_export(folder, backend='paddle')
+
+
+@pytest.mark.parametrize('runtime', RUNTIMES[1:])
+@pytest.mark.parametrize('int8', [False, True])
+def test_a_deleted_onnx_file_is_called_missing_not_unnamed(checkpoint, tmp_path, runtime, int8):
+    entries = {'onnx_int8': 'model_int8.onnx'} if int8 else {}
+    folder = _copy_export(checkpoint[2], tmp_path / 'export', **entries)
+    name = 'model_int8.onnx' if int8 else 'model.onnx'
+    if os.path.exists(os.path.join(folder, name)):
+        os.remove(os.path.join(folder, name))
+    with pytest.raises(DeployError, match=f'^{folder}/deploy.yaml names {name}, which is '
+                       rf'missing \({folder}/{name}\); copy the whole export folder'):
+        Segmenter.from_export(folder, backend=runtime, int8=int8)
+
+
+@pytest.mark.parametrize('runtime', RUNTIMES[1:])
+@pytest.mark.parametrize('name', ['model.onnx', 'model_int8.onnx'])
+@pytest.mark.parametrize('keep', [0, 1000])
+def test_an_empty_or_cut_short_onnx_file_is_one_line(checkpoint, tmp_path, runtime, name,
+                                                     keep):
+    folder = _copy_export(checkpoint[2], tmp_path / 'export',
+                          **({'onnx_int8': name} if 'int8' in name else {}))
+    with open(os.path.join(checkpoint[2], 'model.onnx'), 'rb') as f:
+        data = f.read()[:keep]
+    with open(os.path.join(folder, name), 'wb') as f:
+        f.write(data)
+    what = 'is empty' if keep == 0 else f'\\({keep} bytes\\) cannot be read as an ONNX model'
+    runtime_name = {'onnxruntime': 'onnxruntime', 'openvino': 'OpenVINO'}[runtime]
+    with pytest.raises(DeployError, match=f'^{folder}/{name} {what} by {runtime_name} .*: it '
+                       r'was cut short .*export the model again'):
+        Segmenter.from_export(folder, backend=runtime, int8='int8' in name, cpu_threads=1)

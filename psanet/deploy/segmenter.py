@@ -129,8 +129,13 @@ class Segmenter:
         """
         if int8 and device != 'cpu':
             raise DeployError('the INT8 model runs on the CPU; use device="cpu".')
+        if cpu_threads is not None and (isinstance(cpu_threads, bool) or
+                                        not isinstance(cpu_threads, int) or cpu_threads < 1):
+            raise DeployError(f'cpu_threads must be an integer >= 1 (or None: the CPUs this '
+                              f'process may use, {_usable_cpus()} here), got {cpu_threads!r}.')
         options = PredictorOptions(device=device, enable_mkldnn=bool(enable_mkldnn),
-                                   cpu_threads=cpu_threads or _usable_cpus())
+                                   cpu_threads=_usable_cpus() if cpu_threads is None
+                                   else cpu_threads)
         return cls.from_deploy(DeployConfig(path), backend, options, bool(int8), batch_size)
 
     @classmethod
