@@ -18,8 +18,8 @@ from paddleseg.deploy.export import WrappedModel
 
 from psanet import interrupts
 from psanet.compat import keep_forward
-from psanet.contract import (DEFAULT_TRANSFORMS, DEPLOY_FILE, DEPLOY_SECTION, DYNAMIC_INPUT_SHAPE,
-                             INPUT_NAME, ONNX_FILE, OUTPUT_OPS, PALETTES, PARAMS_FILE,
+from psanet.contract import (ATTENTION_MEMORY, DEFAULT_TRANSFORMS, DEPLOY_FILE, DEPLOY_SECTION,
+                             DYNAMIC_INPUT_SHAPE, INPUT_NAME, ONNX_FILE, OUTPUT_OPS, PALETTES, PARAMS_FILE,
                              PROGRAM_FILE, check_save_dir, get_image_list, palette_for,
                              write_folder)
 from psanet.core.checkpoint import load_model_weights
@@ -32,6 +32,7 @@ from psanet.deploy.quantize import (INT8_FILE, check_calib_images, check_quantiz
                                     quantize_export)
 from psanet.errors import ConfigError
 from psanet.log import get_logger
+from psanet.models import PSANet
 from psanet.ops import psa_impl as use_psa_impl
 from psanet.ops.psa_mask import _IMPLS as PSA_IMPLS
 
@@ -265,6 +266,10 @@ def _write_export(model, val_transforms, save_dir, options, num_classes):
     }
     if num_classes is not None:
         deploy['num_classes'] = int(num_classes)
+    plan = model.attention_memory(64, 64) if isinstance(model, PSANet) else None
+    if plan is not None:  # the runtime checks each input against the memory before it runs
+        deploy[ATTENTION_MEMORY] = {'input_unit': int(plan.input_unit),
+                                    'bytes_per_element': int(plan.peak_bytes_per_element)}
     if options.onnx:
         export_onnx(save_dir)
         deploy['onnx'] = ONNX_FILE

@@ -482,3 +482,48 @@ def test_an_empty_or_cut_short_onnx_file_is_one_line(checkpoint, tmp_path, runti
     with pytest.raises(DeployError, match=f'^{folder}/{name} {what} by {runtime_name} .*: it '
                        r'was cut short .*export the model again'):
         Segmenter.from_export(folder, backend=runtime, int8='int8' in name, cpu_threads=1)
+
+
+@pytest.mark.parametrize('runtime', RUNTIMES)
+def test_an_image_of_a_few_pixels_is_segmented_or_refused_never_misread(checkpoint, runtime):
+    """A 1x1 image, and a 4x9 one after a 7x7 one (OpenVINO gives no output for the first,
+    and the 7x7's output again for the second): labels at the image's size that agree with
+    the dygraph model, or one line."""
+    model, _, export, _ = checkpoint
+    seg = Segmenter.from_export(export, backend=runtime, cpu_threads=1)
+    for height, width in ((1, 1), (7, 7), (4, 9)):
+        image = _image(height * width, height, width)
+        try:
+            label = seg(image)
+        except DeployError as error:
+            assert runtime == 'openvino' and 'it cannot run an input this small' in str(error)
+            continue
+        want = _model_logits(model, _normalized(image))[0]
+        assert label.shape == (height, width)
+        assert_logits_agree(label, want, MINI_PSANET_RTOL, f'{runtime} {height}x{width}',
+                            class_axis=0, min_clear=0.0)
+
+
+def test_an_image_whose_attention_does_not_fit_is_refused_before_it_runs(checkpoint,
+                                                                         monkeypatch):
+    """The export route checks the memory as predict.py does: the need is the dygraph model's
+    own plan (PSANet.attention_memory), the memory stood in (an 8000x8000 image of the mini PSANet
+    needs 0.45 TiB; the runner is stood in too)."""
+    from psanet.deploy import segmenter as runtime_segmenter
+    model, _, export, _ = checkpoint
+    seg = Segmenter.from_export(export, backend='paddle', cpu_threads=1)
+    ran = []
+    monkeypatch.setattr(seg.runner, 'run',
+                        lambda batch: ran.append(batch.shape) or np.zeros(len(batch)))
+    for height, width in ((8000, 8000), (300, 410)):
+        need = model.attention_memory(height, width).peak_bytes
+        monkeypatch.setattr(runtime_segmenter, 'host_memory_available', lambda: need - 1)
+        batch = np.zeros((1, 3, height, width), 'float32')
+        with pytest.raises(DeployError, match=rf'^a {width}x{height} network input \(after the '
+                           r'transforms\) needs [\d.]+ [GMKT]iB for the model\'s attention maps, '
+                           r'but only .* of host memory is available: use smaller images .*'
+                           r'inference=\{"is_slide": True, "crop_size": \[\d+, \d+\]'):
+            seg.run(batch)
+        monkeypatch.setattr(runtime_segmenter, 'host_memory_available', lambda: need)
+        seg.run(batch)  # what fits runs
+    assert ran == [(1, 3, 8000, 8000), (1, 3, 300, 410)]

@@ -5,7 +5,7 @@ import struct
 import numpy as np
 import yaml
 
-from psanet.contract import (DEFAULT_TRANSFORMS, DEPLOY_FILE, DEPLOY_SECTION, DYNAMIC_INPUT_SHAPE,
+from psanet.contract import (ATTENTION_MEMORY, DEFAULT_TRANSFORMS, DEPLOY_FILE, DEPLOY_SECTION, DYNAMIC_INPUT_SHAPE,
                              PALETTES, read_json)
 from psanet.errors import DeployError
 
@@ -298,6 +298,22 @@ class DeployConfig:
             raise DeployError(f'{self.path}: Deploy.palette is {palette!r}; it must be one of '
                               f'{PALETTES}. Fix it or export the model again.')
         return palette
+
+    @property
+    def attention_memory(self):
+        """``(input_unit, bytes_per_element)`` of the model's attention maps (an N x 3 x H x
+        W input's peak at N * (ceil(H / unit) * ceil(W / unit))**2 elements), or None when
+        the export recorded none (a model without attention, an older export)."""
+        entry = self.dic.get(ATTENTION_MEMORY)
+        if entry is None:
+            return None
+        values = [entry.get(key) for key in ('input_unit', 'bytes_per_element')] \
+            if isinstance(entry, dict) else [None]
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
+            raise DeployError(f'{self.path}: Deploy.{ATTENTION_MEMORY} must hold input_unit and '
+                              f'bytes_per_element, positive integers, got {entry!r}: fix it or '
+                              'export the model again.')
+        return tuple(values)
 
     @property
     def holds_custom_op(self):

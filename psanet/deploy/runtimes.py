@@ -178,4 +178,11 @@ class OpenVinoRunner:
         check_batch(batch, self.input_shape, self.path)
         batch = np.ascontiguousarray(batch, dtype='float32')
         # The request's output tensor is reused by the next run: copy it out.
-        return np.array(self.request.infer([batch])[0], copy=True)
+        output = np.array(self.request.infer([batch])[0], copy=True)
+        if output.shape[:1] != batch.shape[:1] or output.shape[-2:] != batch.shape[-2:]:
+            # An input a few pixels high or wide gives no output, or the previous run's.
+            raise DeployError(f'OpenVINO gave an output of shape {list(output.shape)} for the '
+                              f'input {list(batch.shape)} (N, 3, H, W after the transforms), not '
+                              'one of its size: it cannot run an input this small; use larger '
+                              'images, or backend "onnxruntime" or "paddle", which run it.')
+        return output
