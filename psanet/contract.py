@@ -27,7 +27,7 @@ from PIL import Image
 from psanet.errors import ConfigError, DatasetError, DiskFullError
 
 __all__ = ['DEPLOY_FILE', 'DEPLOY_SECTION', 'PROGRAM_FILE', 'PARAMS_FILE', 'ONNX_FILE',
-           'INPUT_NAME', 'ATTENTION_MEMORY', 'host_memory_available', 'format_bytes', 'DYNAMIC_INPUT_SHAPE', 'DEFAULT_TRANSFORMS', 'OUTPUT_OPS', 'PALETTES',
+           'INPUT_NAME', 'DYNAMIC_INPUT_SHAPE', 'DEFAULT_TRANSFORMS', 'OUTPUT_OPS', 'PALETTES',
            'IMAGE_EXTENSIONS', 'TEMP_MARK', 'RETIRED_SUFFIX', 'PREVIOUS', 'palette_for',
            'get_image_list', 'output_paths', 'check_outputs', 'color_map', 'check_save_dir',
            'check_output_file', 'read_json', 'read_images', 'make_output_dir', 'fsync',
@@ -44,10 +44,6 @@ PARAMS_FILE = 'model.pdiparams'
 ONNX_FILE = 'model.onnx'
 # The exported graph's input: float32 [N, 3, H, W], -1 for a dynamic dimension.
 INPUT_NAME = 'x'
-# deploy.yaml's record of what the attention maps of an input take: {input_unit: input pixels
-# per map position along a side, bytes_per_element: peak bytes per map element}; an N x 3 x
-# H x W input's maps peak at N * (ceil(H / unit) * ceil(W / unit))**2 elements.
-ATTENTION_MEMORY = 'attention_memory'
 DYNAMIC_INPUT_SHAPE = (-1, 3, -1, -1)
 # The val transforms when a config (or deploy.yaml) names none.
 DEFAULT_TRANSFORMS = ({'type': 'Normalize'}, )
@@ -311,27 +307,6 @@ def _existing_folder(path):
     while not os.path.isdir(path) and os.path.dirname(path) != path:
         path = os.path.dirname(path)
     return path
-
-
-def host_memory_available():
-    """Bytes new allocations on the host can still take (``MemAvailable`` of /proc/meminfo),
-    or None where unknown (not Linux)."""
-    try:
-        with open('/proc/meminfo') as f:
-            for line in f:
-                if line.startswith('MemAvailable:'):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def format_bytes(size):
-    """'1.5 GiB', '12.0 MiB', '300 B'."""
-    for unit, scale in (('GiB', 2 ** 30), ('MiB', 2 ** 20), ('KiB', 2 ** 10)):
-        if size >= scale:
-            return f'{size / scale:.1f} {unit}'
-    return f'{int(size)} B'
 
 
 def fsync(path):

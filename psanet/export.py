@@ -18,13 +18,14 @@ from paddleseg.deploy.export import WrappedModel
 
 from psanet import interrupts
 from psanet.compat import keep_forward
-from psanet.contract import (ATTENTION_MEMORY, DEFAULT_TRANSFORMS, DEPLOY_FILE, DEPLOY_SECTION,
-                             DYNAMIC_INPUT_SHAPE, INPUT_NAME, ONNX_FILE, OUTPUT_OPS, PALETTES, PARAMS_FILE,
+from psanet.contract import (DEFAULT_TRANSFORMS, DEPLOY_FILE, DEPLOY_SECTION, DYNAMIC_INPUT_SHAPE,
+                             INPUT_NAME, ONNX_FILE, OUTPUT_OPS, PALETTES, PARAMS_FILE,
                              PROGRAM_FILE, check_save_dir, get_image_list, palette_for,
                              write_folder)
 from psanet.core.checkpoint import load_model_weights
 from psanet.core.config import ComponentBuilder, load_config
 from psanet.deploy.config import DeployConfig
+from psanet.deploy.memory import ATTENTION_MEMORY
 from psanet.deploy.predictor import PredictorOptions
 from psanet.deploy.processing import preprocess
 from psanet.deploy.runtimes import create_runner

@@ -509,7 +509,7 @@ def test_an_image_whose_attention_does_not_fit_is_refused_before_it_runs(checkpo
     """The export route checks the memory as predict.py does: the need is the dygraph model's
     own plan (PSANet.attention_memory), the memory stood in (an 8000x8000 image of the mini PSANet
     needs 0.45 TiB; the runner is stood in too)."""
-    from psanet.deploy import segmenter as runtime_segmenter
+    from psanet.deploy import memory
     model, _, export, _ = checkpoint
     seg = Segmenter.from_export(export, backend='paddle', cpu_threads=1)
     ran = []
@@ -517,13 +517,13 @@ def test_an_image_whose_attention_does_not_fit_is_refused_before_it_runs(checkpo
                         lambda batch: ran.append(batch.shape) or np.zeros(len(batch)))
     for height, width in ((8000, 8000), (300, 410)):
         need = model.attention_memory(height, width).peak_bytes
-        monkeypatch.setattr(runtime_segmenter, 'host_memory_available', lambda: need - 1)
+        monkeypatch.setattr(memory, 'host_memory_available', lambda: need - 1)
         batch = np.zeros((1, 3, height, width), 'float32')
         with pytest.raises(DeployError, match=rf'^a {width}x{height} network input \(after the '
                            r'transforms\) needs [\d.]+ [GMKT]iB for the model\'s attention maps, '
                            r'but only .* of host memory is available: use smaller images .*'
                            r'inference=\{"is_slide": True, "crop_size": \[\d+, \d+\]'):
             seg.run(batch)
-        monkeypatch.setattr(runtime_segmenter, 'host_memory_available', lambda: need)
+        monkeypatch.setattr(memory, 'host_memory_available', lambda: need)
         seg.run(batch)  # what fits runs
     assert ran == [(1, 3, 8000, 8000), (1, 3, 300, 410)]

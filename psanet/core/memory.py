@@ -11,7 +11,7 @@ import math
 import paddle
 
 from psanet.compat import free_gpu_memory, generic_place
-from psanet.contract import format_bytes, host_memory_available
+from psanet.deploy.memory import format_bytes, host_memory_available
 from psanet.errors import InferenceMemoryError
 from psanet.models import PSANet
 

@@ -5,9 +5,11 @@ import struct
 import numpy as np
 import yaml
 
-from psanet.contract import (ATTENTION_MEMORY, DEFAULT_TRANSFORMS, DEPLOY_FILE, DEPLOY_SECTION, DYNAMIC_INPUT_SHAPE,
+from psanet.contract import (DEFAULT_TRANSFORMS, DEPLOY_FILE, DEPLOY_SECTION, DYNAMIC_INPUT_SHAPE,
                              PALETTES, read_json)
 from psanet.errors import DeployError
+
+from .memory import ATTENTION_MEMORY
 
 __all__ = ['DeployConfig', 'graph_holds_custom_op', 'graph_parameters', 'check_params_file']
 

@@ -9,15 +9,14 @@ same class (``psanet.core.predict.DygraphRunner``, and ``psanet.Segmenter``,
 whose ``from_config`` takes a checkpoint). predict.py, deploy/python/infer.py
 and the API all run these stages.
 """
-import math
 import os
 
 import numpy as np
 
-from psanet.contract import format_bytes, host_memory_available
 from psanet.errors import DeployError
 
 from .config import DeployConfig
+from .memory import check_attention_memory
 from .predictor import PredictorOptions
 from .processing import postprocess, preprocess, restore_logits
 from .runtimes import create_runner, default_runtime
@@ -198,7 +197,8 @@ class Segmenter:
 
     def run(self, batch):
         """The runner's output for a preprocessed batch."""
-        self._check_attention_memory(batch)
+        if self._attention is not None:
+            check_attention_memory(self._attention, batch.shape)
         output = self.runner.run(batch)
         if len(output) != len(batch):
             raise DeployError(f'{self.backend or type(self.runner).__name__} returned '
@@ -208,29 +208,6 @@ class Segmenter:
         return output
 
     _attention = None  # (input_unit, bytes_per_element) of an export's attention maps
-
-    def _check_attention_memory(self, batch):
-        """Raises DeployError before a batch whose attention maps the host memory cannot hold
-        runs (and the runtime aborts or swaps)."""
-        if self._attention is None:
-            return
-        unit, per_element = self._attention
-        count, _, height, width = batch.shape
-        cells = math.ceil(height / unit) * math.ceil(width / unit)
-        need = count * cells ** 2 * per_element
-        available = host_memory_available()
-        if available is None or need <= available:
-            return
-        side = math.isqrt(math.isqrt(available // 2 // per_element)) * unit  # half the memory
-        crop = (f'"crop_size": [{side}, {side}], "stride": [{side * 2 // 3}, {side * 2 // 3}]'
-                if side >= unit else None)
-        windows = ('' if crop is None else ', or run it in windows: Segmenter.from_config('
-                   f'config, weights, backend="dygraph", inference={{"is_slide": True, {crop}}})')
-        raise DeployError(f'a {width}x{height} network input{"s" * (count > 1)} (after the '
-                          f'transforms{f", batch of {count}" if count > 1 else ""}) needs '
-                          f'{format_bytes(need)} for the model\'s attention maps, but only '
-                          f'{format_bytes(available)} of host memory is available: use smaller '
-                          f'images (or a Resize in deploy.yaml\'s transforms){windows}.')
 
     def postprocess(self, output, infos):
         """One uint8 label map per image at its size, from ``run``'s output."""
