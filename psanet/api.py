@@ -14,12 +14,14 @@ import os
 import tempfile
 
 from psanet.deploy import segmenter as runtime
+from psanet.deploy.runtimes import RUNTIMES
 from psanet.errors import DeployError
 
 __all__ = ['Segmenter']
 
 # What the dygraph route takes of from_export's options (the rest set up an export's runtime).
 DYGRAPH_OPTIONS = ('device', 'batch_size')
+BACKENDS = ('dygraph',) + RUNTIMES
 
 
 class Segmenter(runtime.Segmenter):
@@ -48,14 +50,19 @@ class Segmenter(runtime.Segmenter):
             **options: As ``from_export``; with 'dygraph', ``device`` ('cpu' or 'gpu',
                 default 'cpu') and ``batch_size`` only.
         """
+        if backend is not None and backend not in BACKENDS:
+            raise DeployError(f'backend must be one of {BACKENDS} (or None: the fastest '
+                              f'installed runtime), got {backend!r}.')
         if backend == 'dygraph':
             return cls._dygraph(config, weights, save_dir, inference, options)
         if inference is not None:
             raise DeployError('inference= (windows, scales, flips) runs in the dygraph model: '
                               'pass backend="dygraph"; an export runs each image whole, once.')
-        from psanet.export import export_from_config, onnx_tools_installed
+        from psanet.export import check_export_dir, export_from_config, onnx_tools_installed
         workdir = None
-        if save_dir is None:
+        if save_dir is not None:
+            check_export_dir(save_dir, flag='save_dir')
+        else:
             workdir = tempfile.TemporaryDirectory(prefix='psanet_segmenter_')
             save_dir = os.path.join(workdir.name, 'export')
         onnx = backend != 'paddle' and onnx_tools_installed()

@@ -191,6 +191,10 @@ def parse_version(text):
     return (10 ** 6,) if not any(numbers) else numbers
 
 
+def _three(version):
+    return tuple(version) + (0,) * (3 - len(version))
+
+
 class Workaround(NamedTuple):
     """Where a workaround is needed: Paddle from ``first`` up to, not including,
     ``fixed`` (None: no release fixes it yet); for a fix to paddleseg, only with
@@ -206,7 +210,9 @@ class Workaround(NamedTuple):
         import paddle
         version = parse_version(paddle.__version__) if paddle_version is None \
             else paddle_version
-        if version < self.first or (self.fixed is not None and version >= self.fixed):
+        version = _three(version)  # (3, 1) and (3, 1, 0) are one release
+        if version < _three(self.first) or (self.fixed is not None and
+                                             version >= _three(self.fixed)):
             return False
         if self.paddleseg is None:
             return True

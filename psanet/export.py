@@ -25,6 +25,7 @@ from psanet.contract import (DEFAULT_TRANSFORMS, DEPLOY_FILE, DEPLOY_SECTION, DY
 from psanet.core.checkpoint import load_model_weights
 from psanet.core.config import ComponentBuilder, load_config
 from psanet.deploy.config import DeployConfig
+from psanet.deploy.memory import ATTENTION_MEMORY
 from psanet.deploy.predictor import PredictorOptions
 from psanet.deploy.processing import preprocess
 from psanet.deploy.runtimes import create_runner
@@ -32,6 +33,7 @@ from psanet.deploy.quantize import (INT8_FILE, check_calib_images, check_quantiz
                                     quantize_export)
 from psanet.errors import ConfigError
 from psanet.log import get_logger, without_stderr_lines
+from psanet.models import PSANet
 from psanet.ops import psa_impl as use_psa_impl
 from psanet.ops.psa_mask import _IMPLS as PSA_IMPLS
 
@@ -128,6 +130,10 @@ class ExportOptions:
                               '(paddle2onnx cannot convert custom operators).')
         if self.onnx:
             _check_onnx_tools()
+        if self.quantize is None and self.calib_images is not None:
+            raise ConfigError('--calib_images calibrates --quantize int8, which is not given: add '
+                              '--quantize int8 (with --psa_impl paddle --onnx), or drop '
+                              '--calib_images.')
         if self.quantize is not None:
             if self.quantize != 'int8':
                 raise ConfigError(f"--quantize must be int8, got {self.quantize!r}.")
@@ -159,6 +165,12 @@ def _check_onnx_tools():
         raise ConfigError(f'--onnx needs {" and ".join(missing)}, which {verb} not installed: '
                           f'{ONNX_INSTALL} (paddle2onnx has no wheels for Python 3.13 yet), '
                           'or export without --onnx.')
+    try:
+        import paddle2onnx  # noqa: F401  (installed is not enough: it must import)
+    except Exception as error:  # a broken install raises anything
+        raise ConfigError(f'--onnx needs paddle2onnx, which is installed but fails to import '
+                          f'({type(error).__name__}: {error}): pip install --force-reinstall '
+                          'paddle2onnx, or export without --onnx.') from None
 
 
 def export_model(model, val_transforms, save_dir, options=None, num_classes=None):
@@ -182,24 +194,47 @@ def export_model(model, val_transforms, save_dir, options=None, num_classes=None
     """
     options = options or ExportOptions()
     check_export_dir(save_dir)
-    export_files = {PROGRAM_FILE, PARAMS_FILE, ONNX_FILE, INT8_FILE, DEPLOY_FILE}
     write_folder(save_dir, lambda folder: _write_export(
         model, val_transforms, folder, options, num_classes),
-        carry_over=lambda name: name not in export_files)
+        carry_over=lambda name: name not in EXPORT_FILES)
     return os.path.join(save_dir, DEPLOY_FILE)
 
 
-def check_export_dir(save_dir):
+EXPORT_FILES = (PROGRAM_FILE, PARAMS_FILE, ONNX_FILE, INT8_FILE, DEPLOY_FILE)
+
+
+def check_export_dir(save_dir, flag='--save_dir'):
     """Raises ConfigError unless ``save_dir`` can be an export folder: one this process can
     write, and one that can be renamed, as the swap of a finished export does (not the
-    current folder nor a mount point, such as a Docker volume). Nothing is created."""
-    check_save_dir(save_dir)
+    current folder nor a mount point, such as a Docker volume), and one whose files of an
+    export's names belong to an export (a deploy.yaml with a ``Deploy:`` section naming
+    model and params): the user's own deploy.yaml is never replaced. Nothing is created."""
+    check_save_dir(save_dir, flag)
     path = os.path.abspath(save_dir)
+    if os.path.isdir(path):
+        taken = [name for name in EXPORT_FILES if os.path.lexists(os.path.join(path, name))]
+        if taken and not _is_export_deploy_file(os.path.join(path, DEPLOY_FILE)):
+            raise ConfigError(f'{flag} {save_dir} holds {", ".join(taken)} of no export '
+                              f'(no {DEPLOY_FILE} with a `{DEPLOY_SECTION}:` section naming model '
+                              'and params): an export would replace them; pass a new or empty '
+                              'folder, or move those files away.')
     if os.path.isdir(path) and (os.path.ismount(path) or path == os.getcwd()):
         what = 'the current folder' if path == os.getcwd() else 'a mount point'
         raise ConfigError(f'--save_dir {save_dir} is {what}, which cannot be renamed: an export '
                           'is written beside its folder and swapped in whole; pass a folder '
                           f'below it, e.g. {os.path.join(save_dir, "inference_model")}.')
+
+
+def _is_export_deploy_file(path):
+    """True when ``path`` is a deploy.yaml an export wrote: YAML whose ``Deploy:`` section
+    names the model and its parameters."""
+    try:
+        with open(path, 'rb') as f:
+            dic = yaml.safe_load(f.read().decode('utf-8'))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    section = dic.get(DEPLOY_SECTION) if isinstance(dic, dict) else None
+    return isinstance(section, dict) and 'model' in section and 'params' in section
 
 
 def _write_export(model, val_transforms, save_dir, options, num_classes):
@@ -233,6 +268,10 @@ def _write_export(model, val_transforms, save_dir, options, num_classes):
     }
     if num_classes is not None:
         deploy['num_classes'] = int(num_classes)
+    plan = model.attention_memory(64, 64) if isinstance(model, PSANet) else None
+    if plan is not None:  # the runtime checks each input against the memory before it runs
+        deploy[ATTENTION_MEMORY] = {'input_unit': int(plan.input_unit),
+                                    'bytes_per_element': int(plan.peak_bytes_per_element)}
     if options.onnx:
         export_onnx(save_dir)
         deploy['onnx'] = ONNX_FILE

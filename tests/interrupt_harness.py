@@ -15,7 +15,8 @@ scheduler). (A signal before train.py's ``run_cli`` meets Paddle's handler or
 the default one; start-up here begins inside ``run_cli``.) A run must exit
 with 128 + the signal within ``--bound`` seconds, print no traceback, end with
 the one ``error:`` line (stopped in training: naming the checkpoint of the
-step it stopped after, which must load and hold that iteration), leave no
+step it stopped after, which must load and hold that iteration; after an
+evaluation the signal abandoned, that evaluation's step), leave no
 process of its group behind and no hidden temporary in its save_dir. A run
 that does not exit in time has its Python stacks dumped (the phase that hung)
 and its process group killed: the harness never hangs.
@@ -152,6 +153,11 @@ def _check_ending(signum, status, log_text, save_dir):
     stop = re.search(r'after iteration (\d+); its checkpoint is (\S+)$', lines[-1] if lines else '')
     if stop:  # stopped in training: the checkpoint of that step, whole
         problems += _check_stop_checkpoint(int(stop.group(1)), stop.group(2), save_dir)
+    abandoned = re.findall(r'Evaluation at iter (\d+) abandoned for the stop', log_text)
+    if abandoned and not (stop and int(stop.group(1)) == int(abandoned[-1])):
+        # The signal ended the evaluation: the run stops after that step, not a step later.
+        problems.append(f'the evaluation at iteration {abandoned[-1]} was abandoned, but the '
+                        f'run stopped {"after iteration " + stop.group(1) if stop else "elsewhere"}')
     if os.path.isdir(save_dir):
         hidden = [name for name in os.listdir(save_dir) if name.startswith('.')]
         if hidden:
@@ -279,6 +285,7 @@ def run_trials(trials, seed, bound, max_delay, num_workers, load, work_dir, phas
                     with open(log_path, errors='replace') as f:
                         text = f.read()
                     result['problems'] += _check_ending(signum, status, text, save_dir)
+                    result['evaluation_abandoned'] = 'abandoned for the stop' in text
                     result['exit_code'] = os.waitstatus_to_exitcode(status)
                     if result['problems']:
                         result['problems'].append('output tail:\n' + text[-3000:])

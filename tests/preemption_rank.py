@@ -8,9 +8,11 @@ The rank process forks: the child is the trainer, exactly train.py's
 training completes, its per-iteration losses in ``OUT/losses.<rank>.json``);
 the parent ignores the signals the launcher sends to the rank's process group,
 waits for the trainer and writes its exit code (negative: the signal that
-ended it) to ``OUT/exit.<rank>``, then exits as the trainer did. The trainer's
+ended it) to ``OUT/exit.<rank>`` and the moment to ``OUT/exit_time.<rank>``, then exits
+as the trainer did. The trainer's
 pid is in ``OUT/pid.<rank>``, for a test that signals one rank or reads its
-DataLoader workers' signal masks.
+DataLoader workers' signal masks. With ``PSANET_TEST_SLOW_SAVE=<seconds>`` each
+checkpoint save takes that much longer and logs when it ended (``OUT/saved.<rank>``).
 
 ``--resume_each CHECKPOINT... -- FLAGS...`` trains once per checkpoint
 (``none``: from scratch), resuming from it with ``--overwrite`` (each run
@@ -21,8 +23,25 @@ import json
 import os
 import signal
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _slow_saves(out, rank, seconds):
+    """Each checkpoint save takes ``seconds`` longer, and the moment it ends is appended to
+    ``OUT/saved.<rank>``: a test that no rank exits before rank 0 has written its stop."""
+    import time
+    from psanet.core import checkpoint
+    save = checkpoint.save_checkpoint
+
+    def slow_save(*args, **kwargs):
+        time.sleep(seconds)
+        result = save(*args, **kwargs)
+        with open(os.path.join(out, f'saved.{rank}'), 'a') as f:
+            f.write(f'{time.time()!r}\n')
+        return result
+    checkpoint.save_checkpoint = slow_save
 
 
 def _train(out, rank, argv, suffix=''):
@@ -36,6 +55,8 @@ def _train(out, rank, argv, suffix=''):
     def work(**flags):
         result.update(train_from_config(**flags))
 
+    if os.environ.get('PSANET_TEST_SLOW_SAVE'):
+        _slow_saves(out, rank, float(os.environ['PSANET_TEST_SLOW_SAVE']))
     sys.argv = ['train.py'] + argv  # what the resume line repeats
     code = run_cli(work, **vars(train.parse_args(argv)))
     if result:
@@ -71,6 +92,8 @@ def main():
     with open(os.path.join(out, f'pid.{rank}'), 'w') as f:
         f.write(str(pid))
     code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    with open(os.path.join(out, f'exit_time.{rank}'), 'w') as f:
+        f.write(repr(time.time()))
     with open(os.path.join(out, f'exit.{rank}'), 'w') as f:
         f.write(str(code))
     os._exit(code if code >= 0 else 128 - code)

@@ -119,9 +119,44 @@ def test_version_checks_cover_first_to_fixed():
     assert paddleseg_fix.needed((3, 3, 1), (2, 8, 0))
     assert not paddleseg_fix.needed((3, 3, 1), (2, 9, 0))
     assert not paddleseg_fix.needed((2, 5, 2), (2, 8, 0))
+    # The release a record names as fixed no longer needs it, however it is written.
+    for fixed in ((3, 4), (3, 4, 0)):
+        record = compat.Workaround('issue', first=(3, 0), fixed=fixed)
+        assert not record.needed((3, 4)) and not record.needed((3, 4, 0))
+        assert record.needed((3, 3, 9))
     # A develop build reports 0.0.0 and is newer than any release.
     assert compat.parse_version('0.0.0') > compat.parse_version('3.3.1') == (3, 3, 1)
     assert compat.parse_version('3.0.0rc1') == (3, 0, 0)
+
+
+# What each version-gated record was measured to need, on the releases the gates were set
+# from (the module docstring's entries; a release left out was not run for that entry).
+MEASURED = {
+    'CONST_CONTIGUOUS': {(3, 0, 0): True, (3, 1, 1): False},       # 12: the header's const
+    'GATHER_AXIS_GRADIENT': {(3, 0, 0): True, (3, 1, 1): False},   # 13: right from 3.1.0
+    'AMP_STATE_API': {(3, 1, 1): True, (3, 2, 2): False},          # 14: the API from 3.2.0
+    'PLACE_KIND': {(3, 0, 0): True, (3, 1, 1): False},             # 15
+    'JIT_SAVE_FORWARD': {(3, 0, 0): True, (3, 1, 1): False},       # 16
+    'PARAMETERLESS_PROGRAM': {(3, 0, 0): True, (3, 1, 1): False},  # 17: 3.1.1 runs it
+    'CPU_TENSOR_STREAM': {(3, 0, 0): True, (3, 1, 1): False},      # 18: 3.1.1 exports it
+    'FREE_GPU_MEMORY': {(3, 2, 2): True, (3, 3, 1): False},        # 19: 3.3.1 has it, 3.2.2 not
+}
+
+
+@pytest.mark.parametrize('name', sorted(MEASURED))
+def test_each_gate_says_what_was_measured_on_the_releases_it_names(name):
+    """Read on the measured releases, not only on the installed one: a gate set a release
+    early or late (fixed=(3, 2) for 19) passes the test of this Paddle, not this one."""
+    record = getattr(compat, name)
+    got = {release: record.needed(release) for release in MEASURED[name]}
+    assert got == MEASURED[name], f'{name} {record}'
+
+
+def test_the_measured_releases_are_the_documented_ones():
+    releases = {r for measured in MEASURED.values() for r in measured}
+    said = re.search(r'The gates were set from runs on\s+Paddle ([\d.]+), ([\d.]+), ([\d.]+) '
+                     r'and ([\d.]+)\.', compat.__doc__)
+    assert releases == {compat.parse_version(v) for v in said.groups()}
 
 
 class _ConvInterp(paddle.nn.Layer):

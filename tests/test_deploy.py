@@ -277,3 +277,16 @@ def test_stage_timer_reports_per_image_times(monkeypatch):
         assert mean == pytest.approx(np.mean(values))
         assert p50 == pytest.approx(np.median(values))
         assert p90 == pytest.approx(values[1] + 0.9 * (values[0] - values[1]))
+
+
+@pytest.mark.parametrize('height, width', [(8, 12), (12, 8), (6, 14)])
+def test_a_class_map_is_resized_back_to_the_image_with_rows_and_columns_kept(height, width):
+    """An argmax export's class map, half the image after a Resize: each class id comes back
+    as a 2 x 2 block in place (numpy's repeat), not transposed or stretched."""
+    rng = np.random.RandomState(height)
+    small = rng.randint(0, 19, (1, height // 2, width // 2)).astype('int32')
+    want = small[0].repeat(2, axis=0).repeat(2, axis=1)
+    info = [[('resize', (height, width))]]
+    for sizes in (None, [(height, width)]):  # the Segmenter passes the image size too
+        label, = postprocess(small, 'argmax', info, sizes)
+        np.testing.assert_array_equal(label, want)

@@ -246,3 +246,26 @@ def test_export_from_config_rejects_bad_flags(tmp_path, options, message):
     with pytest.raises(ConfigError, match=message):
         export_from_config(MINI_CONFIG, None, str(tmp_path / 'out'), **options)
     assert not (tmp_path / 'out').exists()
+
+
+@needs_onnx
+def test_a_paddle2onnx_that_fails_to_import_is_one_line_before_any_work(tmp_path):
+    """Installed is not importable: a broken install (here one whose import raises, found
+    first on the path) is named before the model is built, not as a traceback mid-export."""
+    broken = tmp_path / 'site' / 'paddle2onnx'
+    broken.mkdir(parents=True)
+    (broken / '__init__.py').write_text("raise RuntimeError('libpaddle2onnx.so: cannot open "
+                                        "shared object file')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(tmp_path / 'site')] + [p for p in [os.environ.get('PYTHONPATH')] if p]))
+    result = run_process([sys.executable, 'export.py', '--config', MINI_CONFIG,
+                          '--psa_impl', 'paddle', '--onnx', '--save_dir', str(tmp_path / 'out')],
+                         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, timeout=300)
+    assert result.returncode == 2, result.stdout
+    assert 'Traceback' not in result.stdout, result.stdout
+    assert result.stdout.strip().splitlines()[-1] == (
+        'error: --onnx needs paddle2onnx, which is installed but fails to import (RuntimeError: '
+        'libpaddle2onnx.so: cannot open shared object file): pip install --force-reinstall '
+        'paddle2onnx, or export without --onnx.')
+    assert not (tmp_path / 'out').exists()

@@ -46,6 +46,9 @@ def test_signals_in_every_phase_end_every_run_under_load(tmp_path):
     # The moments reached the phases (a short phase may be over when the signal lands).
     phases = {r['phase'] for r in results}
     assert {'start-up', 'step', 'between-steps', 'workers-start', 'evaluate'} <= phases, phases
+    # A signal abandoned an evaluation, and the harness checked that the run stopped after
+    # the evaluated step (not one step later).
+    assert any(r.get('evaluation_abandoned') for r in results), results
 
 
 class _SendsInDel:
@@ -176,6 +179,27 @@ def test_workers_leave_signals_to_the_main_process():
         _signal_self(signal.SIGINT, signal.SIGTERM)
     status = _fork(worker)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+def _status_mask(field):
+    with open('/proc/self/status') as f:
+        return int(re.search(rf'^{field}:\s*([0-9a-f]+)$', f.read(), re.M).group(1), 16)
+
+
+def test_a_worker_forked_with_the_signals_blocked_unblocks_them_and_ignores_them():
+    """A DataLoader worker is forked with SIGINT and SIGTERM blocked: worker_init unblocks
+    them (a child it starts would inherit the block), ignoring them. Read from the kernel's
+    /proc/self/status, not from Python's view."""
+    bits = (1 << (signal.SIGINT - 1)) | (1 << (signal.SIGTERM - 1))
+
+    def worker():
+        signal.pthread_sigmask(signal.SIG_BLOCK, interrupts.HANDLED)
+        assert _status_mask('SigBlk') & bits == bits  # the test's own premise
+        interrupts.worker_init(0)
+        if _status_mask('SigBlk') & bits or _status_mask('SigIgn') & bits != bits:
+            os._exit(5)
+    assert os.waitstatus_to_exitcode(_fork(worker)) == 0, \
+        'worker_init left SIGINT or SIGTERM blocked (exit 5), or failed (exit 3)'
 
 
 def test_a_child_forked_before_its_worker_init_only_records():

@@ -66,3 +66,40 @@ def test_inference_options_refuse_window_counts_below_one(name, axis, value):
 def test_inference_options_refuse_scales_at_zero_and_below(scales):
     with pytest.raises(ConfigError, match='--scales must be positive numbers'):
         InferenceOptions(aug_eval=True, scales=scales)
+
+
+@pytest.mark.parametrize('seed, ok', [(0, True), (2 ** 32 - 1, True), (2 ** 32, False),
+                                      (-1, False), (True, False), (1.0, False)])
+def test_the_seed_is_what_numpy_and_paddle_accept(seed, ok):
+    """numpy's seeds end at 2**32 - 1: np.random.seed says so itself."""
+    import numpy as np
+    try:
+        np.random.RandomState(seed)
+        numpy_takes = not isinstance(seed, (bool, float))
+    except (ValueError, TypeError):
+        numpy_takes = False
+    assert numpy_takes == ok
+    if ok:
+        assert TrainOptions(iters=4, batch_size=2, seed=seed).seed == seed
+    else:
+        with pytest.raises(ConfigError) as info:
+            TrainOptions(iters=4, batch_size=2, seed=seed)
+        assert str(info.value) == ('--seed must be an integer from 0 to 4294967295 (what numpy '
+                                   f'and Paddle accept), got {seed!r}.')
+
+
+@pytest.mark.parametrize('value', [True, False, 2.0, '2'])
+@pytest.mark.parametrize('name', ['num_workers', 'keep_checkpoint_max'])
+def test_a_bool_or_a_non_integer_is_no_count(name, value):
+    """True is an int to Python (1): taken, `num_workers: true` in a config would start one
+    worker without a word."""
+    from psanet.core.options import EvalOptions
+    with pytest.raises(ConfigError, match=rf'^--{name} must be 0 \(.*\) or a positive integer, '
+                       rf'got {value!r}\.$'):
+        if name == 'num_workers':
+            EvalOptions(num_workers=value)
+        else:
+            TrainOptions(iters=4, batch_size=2, keep_checkpoint_max=value)
+    for name_ in COUNTS:
+        with pytest.raises(ConfigError, match=f'--{name_} must be a positive integer, got True'):
+            TrainOptions(**dict(dict(iters=4, batch_size=2), **{name_: True}))

@@ -260,3 +260,58 @@ def test_a_missing_check_image_path_is_named_before_the_export(tmp_path, capsys,
     assert line.startswith(f'error: --check_image_path {tmp_path / "missing.png"} does not '
                            'exist'), line
     assert not save_dir.exists() and 'Loaded weights' not in out
+
+
+def _dead_pid():
+    """The pid of a process that has exited (and been waited for)."""
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return pid
+
+
+def test_a_folder_a_killed_writer_left_only_as_previous_is_renamed_back(tmp_path):
+    """A writer killed between moving the old folder aside and swapping the new one in leaves
+    the only copy as .<name>.old.tmp-<pid>-*/previous: the next writer puts it back (here
+    one that then fails, so the folder it leaves is that copy), never deletes it."""
+    from psanet.contract import write_folder
+    left = tmp_path / f'.export.old.tmp-{_dead_pid()}-0a1b2c3d' / 'previous'
+    left.mkdir(parents=True)
+    (left / 'deploy.yaml').write_text('the only copy')
+
+    def fail(folder):
+        raise RuntimeError('the new export fails')
+    with pytest.raises(RuntimeError, match='the new export fails'):
+        write_folder(str(tmp_path / 'export'), fail)
+    assert os.listdir(tmp_path) == ['export']
+    assert (tmp_path / 'export' / 'deploy.yaml').read_text() == 'the only copy'
+
+
+def test_a_live_writers_temporaries_stay(tmp_path):
+    from psanet.contract import write_folder
+    live = tmp_path / f'.export.old.tmp-{os.getppid()}-0a1b2c3d' / 'previous'
+    live.mkdir(parents=True)
+    write_folder(str(tmp_path / 'export'), lambda folder: None)
+    assert sorted(os.listdir(tmp_path)) == [live.parent.name, 'export']
+
+
+# The first bytes of each format's files (their specifications' signatures).
+MAGIC = {'.png': b'\x89PNG\r\n\x1a\n', '.jpg': b'\xff\xd8\xff', '.jpeg': b'\xff\xd8\xff',
+         '.bmp': b'BM'}
+
+
+@pytest.mark.parametrize('extension', sorted(MAGIC))
+def test_each_overlay_is_written_in_its_images_format(tmp_path, extension):
+    """The overlay keeps the image's name and so its format: the bytes are that format's,
+    the pseudo-colour mask a PNG either way."""
+    import numpy as np
+    from psanet.contract import color_map, save_prediction
+    image = np.random.RandomState(0).randint(0, 256, (6, 10, 3)).astype('uint8')
+    label = np.arange(60, dtype='uint8').reshape(6, 10) % 3
+    pseudo, added = save_prediction(label, image, f'a{extension}', str(tmp_path),
+                                    color_map(3))
+    with open(added, 'rb') as f:
+        assert f.read(8).startswith(MAGIC[extension]), added
+    with open(pseudo, 'rb') as f:
+        assert f.read(8) == MAGIC['.png'], pseudo

@@ -341,3 +341,49 @@ def test_the_launcher_exits_as_docs_reliability_says(preempted):
         codes.setdefault(trial['case'], set()).add(trial.get('launcher'))
     want = {'launcher': {15}, 'group': {15}, 'rank': {143}}
     assert codes == {case: want[case] for case in codes}, codes
+
+
+SLOW_SAVE = 4  # seconds rank 0's stop checkpoint takes: far longer than a rank takes to exit
+
+
+def test_no_rank_exits_before_rank_0_has_written_the_stop_checkpoint(tmp_path, monkeypatch):
+    """The launcher ends every rank once one exits: a rank that stopped must wait for rank 0
+    to write the stop's checkpoint. With rank 0's save made slow, rank 1 (the one signalled)
+    must end after the save ended, both with 143, the checkpoint whole."""
+    from psanet.core.checkpoint import load_checkpoint
+    from psanet.data import generate_mini_cityscapes
+    root = str(tmp_path / 'mini')
+    generate_mini_cityscapes(root, num_train=4, num_val=2, size=(64, 32), seed=0)
+    config = _config(tmp_path / 'mini_64x32.yml', root)
+    save_dir = str(tmp_path / 'run')
+    monkeypatch.setenv('PSANET_TEST_SLOW_SAVE', str(SLOW_SAVE))
+    launcher, out = _launch(str(tmp_path), 'slow_save', _flags(config, save_dir))
+    everyone = [launcher.pid]
+    try:
+        give_up = time.monotonic() + START
+        while not (_trainers(out) and _reached(out, 2)) and time.monotonic() < give_up and \
+                launcher.poll() is None:
+            time.sleep(0.05)
+        assert _reached(out, 2) and launcher.poll() is None, \
+            _read(os.path.join(out, 'log', 'workerlog.0'))[-3000:]
+        everyone = _tree(launcher.pid)
+        os.kill(_trainers(out)[1], signal.SIGTERM)
+        launcher.wait(BOUND + SLOW_SAVE)
+    finally:
+        _kill_all(everyone + _tree(launcher.pid))
+        launcher.wait()
+    logs = '\n'.join(_read(os.path.join(out, 'log', f'workerlog.{rank}'))[-1500:]
+                     for rank in (0, 1))
+    saved = _read(os.path.join(out, 'saved.0')).split()
+    assert saved, f'rank 0 never finished its stop checkpoint:\n{logs}'
+    rank1_exit = float(_read(os.path.join(out, 'exit_time.1')) or 'nan')
+    assert rank1_exit >= float(saved[-1]), \
+        f'rank 1 exited {float(saved[-1]) - rank1_exit:.2f} s before rank 0 had written ' \
+        f'its stop checkpoint (no barrier):\n{logs}'
+    assert [_read(os.path.join(out, f'exit.{rank}')).strip() for rank in (0, 1)] == \
+        ['143', '143'], logs
+    stop = re.search(r'after iteration (\d+); its checkpoint is (\S+)$',
+                     _read(os.path.join(out, 'log', 'workerlog.0')), re.M)
+    assert stop, logs
+    _, optimizer_state, state = load_checkpoint(stop.group(2))
+    assert state['iteration'] == int(stop.group(1)) and optimizer_state

@@ -198,3 +198,48 @@ def test_the_export_check_compares_the_int8_model_with_dygraph(export):
                     for label, path in zip(labels, images)])
     assert result['pixel_agreement'] == pytest.approx(want)
     assert 0.9 < result['pixel_agreement'] < 1.0
+
+
+def test_calib_images_without_quantize_is_refused(tmp_path):
+    """Not ignored: the user meant an INT8 model and would get none, without a word."""
+    calib = str(tmp_path / 'calib')
+    _write_images(calib, 1, seed=0)
+    with pytest.raises(ConfigError, match='^--calib_images calibrates --quantize int8, which is '
+                       'not given: add --quantize int8'):
+        ExportOptions(psa_impl='paddle', onnx=True, calib_images=calib)
+
+
+@needs_tools
+def test_sigterm_during_calibration_stops_the_export_and_keeps_the_old_one(export, tmp_path,
+                                                                           monkeypatch):
+    """The signal comes while the second calibration image is read: the export stops there
+    (Interrupted, exit 143 from export.py), and the folder holds the previous export, byte
+    for byte (not a new one without the INT8 model, nor one with it)."""
+    import shutil
+    import signal
+    from disk_helpers import digests
+    from psanet import interrupts
+    from psanet.errors import Interrupted
+    folder = tmp_path / 'export'
+    shutil.copytree(export[0], folder)
+    before = digests(folder)
+    reads = []
+    get_next = quantize._CalibrationReader.get_next
+
+    def signalled(self):
+        reads.append(1)
+        if len(reads) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return get_next(self)
+
+    monkeypatch.setattr(quantize._CalibrationReader, 'get_next', signalled)
+    calib = os.path.join(os.path.dirname(export[0]), 'calib')
+    with interrupts.stop_at_boundaries():
+        with pytest.raises(Interrupted) as info:
+            export_model(mini_psanet_for_eval(seed=2), [{'type': 'Normalize'}], str(folder),
+                         ExportOptions(output_op='none', psa_impl='paddle', onnx=True,
+                                       quantize='int8', calib_images=calib, calib_num=3),
+                         num_classes=19)
+    assert info.value.exit_code == 143 and len(reads) == 2
+    assert digests(folder) == before
+    assert sorted(os.listdir(tmp_path)) == ['export']  # no temporary left

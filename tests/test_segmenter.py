@@ -261,3 +261,269 @@ def test_each_route_refuses_the_options_of_the_other(trained):
         Segmenter.from_config(MINI_CONFIG, weights, backend='dygraph', cpu_threads=2, int8=True)
     with pytest.raises(DeployError, match='pass backend="dygraph"'):
         Segmenter.from_config(MINI_CONFIG, weights, inference={'aug_eval': True})
+
+
+# --- Around any runner: a stand-in model whose output is worked out here ------------------
+
+class _ChannelScores:
+    """A stand-in runner: the normalised R, G, B of every ``stride``-th pixel as the scores
+    of three classes (so an image's labels are the argmax of its own channels); records
+    the size of each batch it runs."""
+
+    def __init__(self, stride=1):
+        self.stride, self.batches = stride, []
+
+    def run(self, batch):
+        self.batches.append(len(batch))
+        return np.ascontiguousarray(batch[:, :, ::self.stride, ::self.stride])
+
+
+def _channel_segmenter(stride=1, batch_size=1):
+    from paddleseg.transforms import Compose, Normalize
+    return Segmenter(_ChannelScores(stride), Compose([Normalize()]), batch_size=batch_size)
+
+
+def _image(seed, height=12, width=20):
+    return np.random.RandomState(seed).randint(0, 256, (height, width, 3)).astype('uint8')
+
+
+@pytest.mark.parametrize('image, message', [
+    (_image(0).astype('float32') / 255, r'must be uint8 .*got float32; a float image in '
+                                        r'\[0, 1\] becomes one with \(image \* 255\)'),
+    (_image(0).astype('uint16') * 257, r'must be uint8 .*got uint16; read 8 bits with '
+                                       r'cv2.imread\(path\)'),
+    (_image(0).astype('int64'), 'must be uint8 .*got int64; read images with cv2.imread'),
+    (np.zeros((0, 0, 3), 'uint8'), r'image 0: the array is empty \(shape \[0, 0, 3\]\)'),
+    (None, r'got None \(cv2.imread returns None'),
+    ([None], r'image 0: got None \(cv2.imread returns None'),
+    (7, 'expected an image path, a BGR numpy array or a list of them, got int'),
+])
+def test_an_array_cv2_imread_would_not_give_is_refused_not_misread(image, message):
+    """A float image in [0, 1] or a 16-bit one would be taken as 0-255 values: other classes,
+    no error (the labels of the uint8 image agree on 88% / 81% of the pixels)."""
+    seg = _channel_segmenter()
+    with pytest.raises(DeployError, match=message):
+        seg(image)
+    with pytest.raises(DeployError, match=message):
+        seg.logits(image)
+    # The uint8 image itself: the argmax of its own normalised R, G, B.
+    want = np.argmax(_image(0)[:, :, ::-1], axis=2)
+    np.testing.assert_array_equal(seg(_image(0)), want)
+
+
+@pytest.mark.parametrize('count, batch_size, want', [
+    (4, 3, [3, 1]), (7, 2, [2, 2, 2, 1]), (3, 3, [3]), (2, 1, [1, 1])])
+def test_a_run_holds_at_most_batch_size_images(count, batch_size, want):
+    seg = _channel_segmenter(batch_size=batch_size)
+    images = [_image(i) for i in range(count)]
+    labels = seg(images)
+    assert seg.runner.batches == want
+    for image, label in zip(images, labels):
+        np.testing.assert_array_equal(label, np.argmax(image[:, :, ::-1], axis=2))
+
+
+@pytest.mark.parametrize('height, width', [(12, 20), (13, 21), (7, 31)])
+def test_scores_of_a_model_whose_output_is_smaller_come_back_at_the_image_size(height, width):
+    """A model whose output is a quarter of its input (every other pixel): logits and labels
+    are resized to the image (bilinear, as paddleseg's F.interpolate), the labels their
+    argmax there."""
+    seg = _channel_segmenter(stride=2)
+    image = _image(3, height, width)
+    x = ((image[:, :, ::-1].astype('float32') / 255 - 0.5) / 0.5).transpose(2, 0, 1)[None]
+    small = paddle.to_tensor(np.ascontiguousarray(x[:, :, ::2, ::2]))
+    want = F.interpolate(small, (height, width), mode='bilinear',
+                         align_corners=False).numpy()[0]
+    logits = seg.logits(image)
+    assert logits.shape == (3, height, width)
+    np.testing.assert_allclose(logits, want, atol=1e-5)
+    assert_logits_agree(seg(image), want, 1e-5, 'labels', class_axis=0, min_clear=0.8)
+
+
+@pytest.mark.parametrize('own', [
+    'my: settings\n',                     # the user's own YAML
+    'Deploy:\n  transforms: []\n',        # a Deploy section that names no model
+    b'\xff\xfe not text',                 # not even text
+])
+def test_from_config_leaves_a_deploy_yaml_of_the_users_as_it_was(trained, tmp_path, own):
+    folder = tmp_path / 'mine'
+    folder.mkdir()
+    mine = folder / 'deploy.yaml'
+    (mine.write_bytes if isinstance(own, bytes) else mine.write_text)(own)
+    before = mine.read_bytes()
+    with pytest.raises(Exception, match=f'^save_dir {folder} holds deploy.yaml of no export '
+                       r'\(no deploy.yaml with a `Deploy:` section naming model and params\): '
+                       'an export would replace them; pass a new or empty folder'):
+        Segmenter.from_config(MINI_CONFIG, trained[1], save_dir=str(folder), cpu_threads=1)
+    assert mine.read_bytes() == before and os.listdir(folder) == ['deploy.yaml']
+
+
+def test_an_export_folder_is_exported_into_again(checkpoint, tmp_path):
+    """The folder of an export (its deploy.yaml names model and params) is replaced."""
+    from psanet.export import check_export_dir
+    check_export_dir(checkpoint[2])  # raises nothing
+
+
+@pytest.mark.parametrize('backend', ['dynamic', 'tensorrt', 'Paddle'])
+def test_an_unknown_backend_is_refused_before_any_export(trained, tmp_path, backend):
+    """Before the export (12 s), and with 'dygraph' among the choices."""
+    with pytest.raises(DeployError, match=r"^backend must be one of \('dygraph', 'paddle', "
+                       rf"'onnxruntime', 'openvino'\) \(or None: .*got '{backend}'"):
+        Segmenter.from_config(MINI_CONFIG, trained[1], backend=backend,
+                              save_dir=str(tmp_path / 'export'))
+    assert not os.path.exists(tmp_path / 'export')
+
+
+@pytest.mark.parametrize('runtime', RUNTIMES[2:])
+def test_openvino_is_asked_for_f32_on_any_cpu(checkpoint, monkeypatch, runtime):
+    """On a CPU with bfloat16 instructions OpenVINO runs in bf16 unless told f32, and the
+    classes move (the agreement test above catches that only there): on any CPU, what
+    OpenVINO is asked for, and what the compiled model says it runs in, is f32."""
+    import openvino
+    asked = []
+
+    class Core(openvino.Core):
+        def compile_model(self, model, device_name=None, config=None):
+            asked.append((device_name, dict(config or {})))
+            return super().compile_model(model, device_name, config or {})
+
+    monkeypatch.setattr(openvino, 'Core', Core)
+    runner = runtimes.create_runner(checkpoint[2], runtime,
+                                    runtimes.PredictorOptions(cpu_threads=1))
+    assert [(device, config.get('INFERENCE_PRECISION_HINT')) for device, config in asked] == \
+        [('CPU', 'f32')]
+    assert runner.compiled.get_property('INFERENCE_PRECISION_HINT') == openvino.Type.f32
+
+
+# --- A new user's mistakes with an export: each one line ----------------------------------
+
+def _copy_export(export, folder, **entries):
+    """A copy of the export's files, deploy.yaml's Deploy section updated with ``entries``
+    (None deletes one)."""
+    import shutil
+    import yaml
+    shutil.copytree(export, folder)
+    with open(os.path.join(folder, 'deploy.yaml')) as f:
+        dic = yaml.safe_load(f)
+    for key, value in entries.items():
+        if value is None:
+            dic['Deploy'].pop(key, None)
+        else:
+            dic['Deploy'][key] = value
+    with open(os.path.join(folder, 'deploy.yaml'), 'w') as f:
+        yaml.safe_dump(dic, f)
+    return str(folder)
+
+
+@pytest.mark.parametrize('cpu_threads', [0, -2, True, 1.5])
+def test_cpu_threads_below_one_is_refused_not_taken_as_the_default(checkpoint, cpu_threads):
+    with pytest.raises(DeployError, match=r'^cpu_threads must be an integer >= 1 \(or None: the '
+                       rf'CPUs this process may use, \d+ here\), got {cpu_threads!r}\.$'):
+        Segmenter.from_export(checkpoint[2], backend='paddle', cpu_threads=cpu_threads)
+
+
+def test_an_inference_option_that_does_not_exist_is_named(trained):
+    with pytest.raises(Exception, match=r"^inference= has no option 'flip'; its options "
+                       r"\(InferenceOptions' fields\) are \['aug_eval', .*'flip_horizontal'"):
+        Segmenter.from_config(MINI_CONFIG, trained[1], backend='dygraph',
+                              inference={'flip': True})
+
+
+@pytest.mark.parametrize('name', ['model.pdparams', 'model.pdiparams', 'model.json',
+                                  'model.onnx'])
+def test_a_model_file_given_for_the_export_names_what_to_pass(checkpoint, tmp_path, name):
+    path = tmp_path / name
+    path.write_bytes(b'\x80\x04 pickled weights')
+    with pytest.raises(DeployError, match=f'^{path} is a model file, not a deploy.yaml: pass '
+                       f"the export's folder \\({tmp_path}\\) or its deploy.yaml; a checkpoint"):
+        Segmenter.from_export(str(path))
+
+
+@pytest.mark.parametrize('entries, message', [
+    ({'model': ['model.json']}, r"Deploy.model must be a file name such as model.json, got "
+                                r"\['model.json'\]"),
+    ({'params': 7}, 'Deploy.params must be a file name such as model.pdiparams, got 7'),
+    ({'onnx': {'file': 'model.onnx'}}, 'Deploy.onnx must be a file name such as model.onnx'),
+    ({'num_classes': 'many'}, "Deploy.num_classes must be a positive integer, got 'many'"),
+    ({'num_classes': 0}, 'Deploy.num_classes must be a positive integer, got 0'),
+])
+def test_a_deploy_yaml_entry_of_the_wrong_kind_is_named(checkpoint, tmp_path, entries, message):
+    folder = _copy_export(checkpoint[2], tmp_path / 'export', **entries)
+    with pytest.raises(DeployError, match=f'^{folder}/deploy.yaml: {message}.*: fix it or '
+                       'export the model again.$'):
+        Segmenter.from_export(folder, backend='paddle')
+
+
+@pytest.mark.parametrize('runtime', RUNTIMES[1:])
+@pytest.mark.parametrize('int8', [False, True])
+def test_a_deleted_onnx_file_is_called_missing_not_unnamed(checkpoint, tmp_path, runtime, int8):
+    entries = {'onnx_int8': 'model_int8.onnx'} if int8 else {}
+    folder = _copy_export(checkpoint[2], tmp_path / 'export', **entries)
+    name = 'model_int8.onnx' if int8 else 'model.onnx'
+    if os.path.exists(os.path.join(folder, name)):
+        os.remove(os.path.join(folder, name))
+    with pytest.raises(DeployError, match=f'^{folder}/deploy.yaml names {name}, which is '
+                       rf'missing \({folder}/{name}\); copy the whole export folder'):
+        Segmenter.from_export(folder, backend=runtime, int8=int8)
+
+
+@pytest.mark.parametrize('runtime', RUNTIMES[1:])
+@pytest.mark.parametrize('name', ['model.onnx', 'model_int8.onnx'])
+@pytest.mark.parametrize('keep', [0, 1000])
+def test_an_empty_or_cut_short_onnx_file_is_one_line(checkpoint, tmp_path, runtime, name,
+                                                     keep):
+    folder = _copy_export(checkpoint[2], tmp_path / 'export',
+                          **({'onnx_int8': name} if 'int8' in name else {}))
+    with open(os.path.join(checkpoint[2], 'model.onnx'), 'rb') as f:
+        data = f.read()[:keep]
+    with open(os.path.join(folder, name), 'wb') as f:
+        f.write(data)
+    what = 'is empty' if keep == 0 else f'\\({keep} bytes\\) cannot be read as an ONNX model'
+    runtime_name = {'onnxruntime': 'onnxruntime', 'openvino': 'OpenVINO'}[runtime]
+    with pytest.raises(DeployError, match=f'^{folder}/{name} {what} by {runtime_name} .*: it '
+                       r'was cut short .*export the model again'):
+        Segmenter.from_export(folder, backend=runtime, int8='int8' in name, cpu_threads=1)
+
+
+@pytest.mark.parametrize('runtime', RUNTIMES)
+def test_an_image_of_a_few_pixels_is_segmented_or_refused_never_misread(checkpoint, runtime):
+    """A 1x1 image, and a 4x9 one after a 7x7 one (OpenVINO gives no output for the first,
+    and the 7x7's output again for the second): labels at the image's size that agree with
+    the dygraph model, or one line."""
+    model, _, export, _ = checkpoint
+    seg = Segmenter.from_export(export, backend=runtime, cpu_threads=1)
+    for height, width in ((1, 1), (7, 7), (4, 9)):
+        image = _image(height * width, height, width)
+        try:
+            label = seg(image)
+        except DeployError as error:
+            assert runtime == 'openvino' and 'it cannot run an input this small' in str(error)
+            continue
+        want = _model_logits(model, _normalized(image))[0]
+        assert label.shape == (height, width)
+        assert_logits_agree(label, want, MINI_PSANET_RTOL, f'{runtime} {height}x{width}',
+                            class_axis=0, min_clear=0.0)
+
+
+def test_an_image_whose_attention_does_not_fit_is_refused_before_it_runs(checkpoint,
+                                                                         monkeypatch):
+    """The export route checks the memory as predict.py does: the need is the dygraph model's
+    own plan (PSANet.attention_memory), the memory stood in (an 8000x8000 image of the mini PSANet
+    needs 0.45 TiB; the runner is stood in too)."""
+    from psanet.deploy import memory
+    model, _, export, _ = checkpoint
+    seg = Segmenter.from_export(export, backend='paddle', cpu_threads=1)
+    ran = []
+    monkeypatch.setattr(seg.runner, 'run',
+                        lambda batch: ran.append(batch.shape) or np.zeros(len(batch)))
+    for height, width in ((8000, 8000), (300, 410)):
+        need = model.attention_memory(height, width).peak_bytes
+        monkeypatch.setattr(memory, 'host_memory_available', lambda: need - 1)
+        batch = np.zeros((1, 3, height, width), 'float32')
+        with pytest.raises(DeployError, match=rf'^a {width}x{height} network input \(after the '
+                           r'transforms\) needs [\d.]+ [GMKT]iB for the model\'s attention maps, '
+                           r'but only .* of host memory is available: use smaller images .*'
+                           r'inference=\{"is_slide": True, "crop_size": \[\d+, \d+\]'):
+            seg.run(batch)
+        monkeypatch.setattr(memory, 'host_memory_available', lambda: need)
+        seg.run(batch)  # what fits runs
+    assert ran == [(1, 3, 8000, 8000), (1, 3, 300, 410)]

@@ -11,6 +11,7 @@ import math
 import paddle
 
 from psanet.compat import free_gpu_memory, generic_place
+from psanet.deploy.memory import format_bytes, host_memory_available
 from psanet.errors import InferenceMemoryError
 from psanet.models import PSANet
 
@@ -46,21 +47,7 @@ def available_memory(place=None):
         return free_gpu_memory(device) + max(int(cached), 0)
     if not place.is_cpu_place():
         return None
-    try:
-        with open('/proc/meminfo') as f:
-            for line in f:
-                if line.startswith('MemAvailable:'):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def _format_bytes(size):
-    for unit, scale in (('GiB', 2 ** 30), ('MiB', 2 ** 20), ('KiB', 2 ** 10)):
-        if size >= scale:
-            return f'{size / scale:.1f} {unit}'
-    return f'{int(size)} B'
+    return host_memory_available()
 
 
 def _first_line(error):
@@ -171,7 +158,7 @@ def _memory_advice(model, image, height, width, scales=None, available=None):
     budget = available * _SUGGESTION_SHARE
     crop = largest_crop(plan, height, width, budget)
     if crop is None:
-        return (f'not even the smallest window fits in {_format_bytes(available)}: free memory '
+        return (f'not even the smallest window fits in {format_bytes(available)}: free memory '
                 f'or run on a machine with more.')
     crop_w, crop_h = crop
     advice = (f'use sliding windows that fit, e.g. --is_slide --crop_size {crop_w} {crop_h} '
@@ -231,8 +218,8 @@ def check_attention_memory(model, image, scales=None, is_slide=False, crop_size=
     softmax = ', more while its softmax runs' if need.peak_bytes > need.map_bytes else ''
     what = f'{w}x{h} windows' if is_slide else f'a {w}x{h} network input'
     raise InferenceMemoryError(
-        f'{what} need{"" if is_slide else "s"} {_format_bytes(need.peak_bytes)} for '
+        f'{what} need{"" if is_slide else "s"} {format_bytes(need.peak_bytes)} for '
         f'the model\'s attention (each branch\'s map {need.shape} {need.dtype} is '
-        f'{_format_bytes(need.map_bytes)}{softmax}), but only '
-        f'{_format_bytes(available)} of {where} memory is available; '
+        f'{format_bytes(need.map_bytes)}{softmax}), but only '
+        f'{format_bytes(available)} of {where} memory is available; '
         f'{_memory_advice(model, image, height, width, scales, available)}')

@@ -13,6 +13,7 @@ An image that cannot be read is reported and skipped; the others are still
 predicted, and the run ends with :class:`~psanet.errors.UnreadableImagesError`
 naming the skipped ones.
 """
+import dataclasses
 import os
 
 import paddle
@@ -27,7 +28,7 @@ from psanet.core.runtime import autocast, progress_bar, set_device
 from psanet.core.options import InferenceOptions
 from psanet.deploy.infer_images import segment_files
 from psanet.deploy.segmenter import Segmenter
-from psanet.errors import UnreadableImagesError
+from psanet.errors import ConfigError, UnreadableImagesError
 from psanet.log import get_logger
 
 __all__ = ['DygraphRunner', 'load_model', 'dygraph_runner', 'predict', 'predict_from_config']
@@ -84,7 +85,13 @@ def dygraph_runner(config, model_path, inference_options=None, device=None):
     cfg = load_config(config)
     options = inference_options
     if not isinstance(options, InferenceOptions):
-        options = InferenceOptions.from_flags(dict(options or {}), cfg.dic.get('test_config'))
+        options = dict(options or {})
+        known = [f.name for f in dataclasses.fields(InferenceOptions)]
+        unknown = [name for name in options if name not in known]
+        if unknown:
+            raise ConfigError(f'inference= has no option {", ".join(map(repr, unknown))}; its '
+                              f'options (InferenceOptions\' fields) are {known}.')
+        options = InferenceOptions.from_flags(options, cfg.dic.get('test_config'))
     model, builder = load_model(cfg, model_path)
     return DygraphRunner(model, options), Compose(list(builder.val_transforms))
 

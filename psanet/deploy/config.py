@@ -9,9 +9,16 @@ from psanet.contract import (DEFAULT_TRANSFORMS, DEPLOY_FILE, DEPLOY_SECTION, DY
                              PALETTES, read_json)
 from psanet.errors import DeployError
 
+from .memory import ATTENTION_MEMORY
+
 __all__ = ['DeployConfig', 'graph_holds_custom_op', 'graph_parameters', 'check_params_file']
 
 CUSTOM_OP_NAME = 'psa_mask'
+# The files deploy.yaml names, with the name export.py gives each.
+FILE_KEYS = {'model': 'model.json', 'params': 'model.pdiparams', 'onnx': 'model.onnx',
+             'onnx_int8': 'model_int8.onnx'}
+# Files of a model that are not deploy.yaml (a path users pass for the export's).
+MODEL_EXTENSIONS = ('.pdparams', '.pdiparams', '.pdmodel', '.pdopt', '.json', '.onnx')
 
 
 def graph_holds_custom_op(model_file):
@@ -200,6 +207,11 @@ class DeployConfig:
             raise DeployError(f'deploy config not found: {path}. Pass the deploy.yaml that '
                               f'export.py wrote (export.py --config ... --model_path ... '
                               f'--save_dir DIR writes DIR/deploy.yaml).')
+        if os.path.splitext(path)[1].lower() in MODEL_EXTENSIONS:
+            raise DeployError(f'{path} is a model file, not a deploy.yaml: pass the export\'s '
+                              f'folder ({os.path.dirname(path) or "."}) or its deploy.yaml; a '
+                              'checkpoint (model.pdparams) runs with Segmenter.from_config('
+                              'config, weights), or export it with export.py.')
         with open(path, 'rb') as f:
             data = f.read()
         try:
@@ -218,6 +230,17 @@ class DeployConfig:
         for key in ('model', 'params'):
             if key not in self.dic:
                 raise DeployError(f'{path}: Deploy.{key} is missing; export the model again.')
+        for key, name in FILE_KEYS.items():
+            value = self.dic.get(key)
+            if (value is not None or key in ('model', 'params')) and (
+                    not isinstance(value, str) or not value):
+                raise DeployError(f'{path}: Deploy.{key} must be a file name such as {name}, '
+                                  f'got {value!r}: fix it or export the model again.')
+        classes = self.dic.get('num_classes')
+        if classes is not None and (isinstance(classes, bool) or not isinstance(classes, int)
+                                    or classes < 1):
+            raise DeployError(f'{path}: Deploy.num_classes must be a positive integer, got '
+                              f'{classes!r}: fix it or export the model again.')
         for file in (self.model, self.params):
             if not os.path.isfile(file):
                 raise DeployError(f'model file not found: {file} (named by {path}). Export '
@@ -277,6 +300,22 @@ class DeployConfig:
             raise DeployError(f'{self.path}: Deploy.palette is {palette!r}; it must be one of '
                               f'{PALETTES}. Fix it or export the model again.')
         return palette
+
+    @property
+    def attention_memory(self):
+        """``(input_unit, bytes_per_element)`` of the model's attention maps (an N x 3 x H x
+        W input's peak at N * (ceil(H / unit) * ceil(W / unit))**2 elements), or None when
+        the export recorded none (a model without attention, an older export)."""
+        entry = self.dic.get(ATTENTION_MEMORY)
+        if entry is None:
+            return None
+        values = [entry.get(key) for key in ('input_unit', 'bytes_per_element')] \
+            if isinstance(entry, dict) else [None]
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
+            raise DeployError(f'{self.path}: Deploy.{ATTENTION_MEMORY} must hold input_unit and '
+                              f'bytes_per_element, positive integers, got {entry!r}: fix it or '
+                              'export the model again.')
+        return tuple(values)
 
     @property
     def holds_custom_op(self):

@@ -15,6 +15,7 @@ import os
 
 import yaml
 
+from psanet import interrupts
 from psanet.compat import parse_version
 from psanet.contract import DEPLOY_SECTION, get_image_list
 from psanet.errors import ConfigError
@@ -78,6 +79,7 @@ class _CalibrationReader:
         self._input_name = input_name
 
     def get_next(self):
+        interrupts.raise_if_requested()  # a boundary: one calibration image
         batch = next(self._batches, None)
         return None if batch is None else {self._input_name: batch}
 
@@ -121,6 +123,7 @@ def quantize_export(deploy, calib_images, calib_num=32, logger=None):
                         activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
                         op_types_to_quantize=list(QUANTIZED_OPS),
                         calibrate_method=CalibrationMethod.MinMax)
+        interrupts.raise_if_requested()  # before the INT8 model is named: the export stays
         os.replace(partial, target)
     finally:
         for path in (partial, folded):

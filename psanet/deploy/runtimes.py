@@ -19,7 +19,7 @@ from .predictor import PaddleRunner, PredictorOptions
 from .predictor import _check_batch as check_batch
 
 __all__ = ['RUNTIMES', 'PACKAGES', 'installed', 'default_runtime', 'create_runner',
-           'OnnxRuntimeRunner', 'OpenVinoRunner']
+           'OnnxRuntimeRunner', 'OpenVinoRunner', 'unreadable_onnx']
 
 RUNTIMES = ('paddle', 'onnxruntime', 'openvino')
 # The pip package of each optional runtime (Paddle Inference comes with paddlepaddle).
@@ -89,14 +89,30 @@ def create_runner(deploy, runtime, options=None, int8=False):
     if not installed(runtime):
         raise _needs_package(runtime, f'backend {runtime!r}')
     path = deploy.onnx_int8 if int8 else deploy.onnx
-    if path is None or not os.path.isfile(path):
-        fix = ('quantise it: export.py ... --psa_impl paddle --onnx --quantize int8 '
-               '--calib_images <folder>' if int8 else
-               'export with `--psa_impl paddle --onnx`')
+    fix = ('quantise it: export.py ... --psa_impl paddle --onnx --quantize int8 '
+           '--calib_images <folder>' if int8 else
+           'export with `--psa_impl paddle --onnx`')
+    if path is None:
         raise DeployError(f'{deploy.path} names no {"INT8 " if int8 else ""}'
                           f'ONNX model, which {runtime} runs; {fix}.')
+    if not os.path.isfile(path):
+        raise DeployError(f'{deploy.path} names {os.path.basename(path)}, which is missing '
+                          f'({path}); copy the whole export folder, or {fix} again.')
     cls = OnnxRuntimeRunner if runtime == 'onnxruntime' else OpenVinoRunner
     return cls(path, deploy.input_shape, options)
+
+
+def unreadable_onnx(path, runtime, error):
+    """The DeployError of an ONNX file ``runtime`` cannot read: empty, cut short, or not ONNX."""
+    size = os.path.getsize(path)
+    what = 'is empty' if size == 0 else f'({size} bytes) cannot be read as an ONNX model'
+    reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else \
+        type(error).__name__
+    return DeployError(f'{path} {what} by {runtime} ({reason}): it was cut short (an '
+                       'interrupted copy, download or export, or a full disk) or is another '
+                       'file; export the model again (export.py ... --psa_impl paddle --onnx'
+                       f'{" --quantize int8 ..." if "int8" in os.path.basename(path) else ""}), '
+                       'or copy the whole file again.')
 
 
 class OnnxRuntimeRunner:
@@ -121,7 +137,11 @@ class OnnxRuntimeRunner:
                 raise DeployError('onnxruntime on the GPU needs onnxruntime-gpu: pip install '
                                   'onnxruntime-gpu, or use backend paddle.')
             providers.insert(0, 'CUDAExecutionProvider')
-        self.session = onnxruntime.InferenceSession(path, session_options, providers=providers)
+        try:
+            self.session = onnxruntime.InferenceSession(path, session_options,
+                                                        providers=providers)
+        except Exception as error:  # onnxruntime's errors have no common base
+            raise unreadable_onnx(path, 'onnxruntime', error) from None
         self._input_name = self.session.get_inputs()[0].name
 
     def run(self, batch):
@@ -145,7 +165,11 @@ class OpenVinoRunner:
         core = openvino.Core()
         # f32 explicitly: on a CPU with bfloat16 instructions OpenVINO runs in bf16 unless
         # told otherwise, and the classes then move off the trained model's.
-        self.compiled = core.compile_model(core.read_model(path), 'CPU', {
+        try:
+            model = core.read_model(path)
+        except Exception as error:  # RuntimeError, or a protobuf error of the reader
+            raise unreadable_onnx(path, 'OpenVINO', error) from None
+        self.compiled = core.compile_model(model, 'CPU', {
             'INFERENCE_NUM_THREADS': options.cpu_threads, 'PERFORMANCE_HINT': 'LATENCY',
             'INFERENCE_PRECISION_HINT': 'f32'})
         self.request = self.compiled.create_infer_request()
@@ -154,4 +178,11 @@ class OpenVinoRunner:
         check_batch(batch, self.input_shape, self.path)
         batch = np.ascontiguousarray(batch, dtype='float32')
         # The request's output tensor is reused by the next run: copy it out.
-        return np.array(self.request.infer([batch])[0], copy=True)
+        output = np.array(self.request.infer([batch])[0], copy=True)
+        if output.shape[:1] != batch.shape[:1] or output.shape[-2:] != batch.shape[-2:]:
+            # An input a few pixels high or wide gives no output, or the previous run's.
+            raise DeployError(f'OpenVINO gave an output of shape {list(output.shape)} for the '
+                              f'input {list(batch.shape)} (N, 3, H, W after the transforms), not '
+                              'one of its size: it cannot run an input this small; use larger '
+                              'images, or backend "onnxruntime" or "paddle", which run it.')
+        return output

@@ -16,6 +16,7 @@ import numpy as np
 from psanet.errors import DeployError
 
 from .config import DeployConfig
+from .memory import check_attention_memory
 from .predictor import PredictorOptions
 from .processing import postprocess, preprocess, restore_logits
 from .runtimes import create_runner, default_runtime
@@ -25,21 +26,51 @@ __all__ = ['Segmenter']
 
 def _as_list(images):
     """``(list of images, whether one image was given)``; each a path or a BGR array."""
+    if images is None:
+        raise DeployError('expected an image path, a BGR numpy array or a list of them, got '
+                          'None (cv2.imread returns None for a file it cannot read: check '
+                          'the path).')
     single = isinstance(images, (str, os.PathLike, np.ndarray))
+    if not single and not hasattr(images, '__iter__'):
+        raise DeployError(f'expected an image path, a BGR numpy array or a list of them, got '
+                          f'{type(images).__name__}.')
     items = [images] if single else list(images)
     for i, item in enumerate(items):
         if isinstance(item, os.PathLike):
             items[i] = os.fspath(item)
         elif isinstance(item, np.ndarray):
-            if item.ndim != 3 or item.shape[2] != 3:
-                raise DeployError(f'image {i}: a BGR array must be H x W x 3, got shape '
-                                  f'{list(item.shape)}; read images with cv2.imread(path), '
-                                  'or convert a grey one with cv2.cvtColor(image, '
-                                  'cv2.COLOR_GRAY2BGR).')
+            _check_array(i, item)
+        elif item is None:
+            raise DeployError(f'image {i}: got None (cv2.imread returns None for a file it '
+                              'cannot read: check the path).')
         elif not isinstance(item, str):
             raise DeployError(f'image {i}: expected a path or a BGR numpy array, got '
                               f'{type(item).__name__}.')
     return items, single
+
+
+def _check_array(i, image):
+    """A BGR array as cv2.imread reads it: uint8 H x W x 3, not empty. Another dtype would be
+    taken as 0-255 values and give other classes without a word."""
+    if image.ndim != 3 or image.shape[2] != 3:
+        raise DeployError(f'image {i}: a BGR array must be H x W x 3, got shape '
+                          f'{list(image.shape)}; read images with cv2.imread(path), '
+                          'or convert a grey one with cv2.cvtColor(image, '
+                          'cv2.COLOR_GRAY2BGR).')
+    if image.dtype != np.uint8:
+        if np.issubdtype(image.dtype, np.floating):
+            fix = ('a float image in [0, 1] becomes one with '
+                   '(image * 255).round().astype(np.uint8)')
+        elif image.dtype == np.uint16:
+            fix = ('read 8 bits with cv2.imread(path) (not IMREAD_UNCHANGED), or convert with '
+                   '(image // 257).astype(np.uint8)')
+        else:
+            fix = 'read images with cv2.imread(path)'
+        raise DeployError(f'image {i}: a BGR array must be uint8 (0 to 255, as cv2.imread '
+                          f'reads it), got {image.dtype}; {fix}.')
+    if image.shape[0] == 0 or image.shape[1] == 0:
+        raise DeployError(f'image {i}: the array is empty (shape {list(image.shape)}); pass '
+                          'an image of at least 1 x 1 pixels.')
 
 
 def _checked_batch_size(batch_size):
@@ -99,8 +130,13 @@ class Segmenter:
         """
         if int8 and device != 'cpu':
             raise DeployError('the INT8 model runs on the CPU; use device="cpu".')
+        if cpu_threads is not None and (isinstance(cpu_threads, bool) or
+                                        not isinstance(cpu_threads, int) or cpu_threads < 1):
+            raise DeployError(f'cpu_threads must be an integer >= 1 (or None: the CPUs this '
+                              f'process may use, {_usable_cpus()} here), got {cpu_threads!r}.')
         options = PredictorOptions(device=device, enable_mkldnn=bool(enable_mkldnn),
-                                   cpu_threads=cpu_threads or _usable_cpus())
+                                   cpu_threads=_usable_cpus() if cpu_threads is None
+                                   else cpu_threads)
         return cls.from_deploy(DeployConfig(path), backend, options, bool(int8), batch_size)
 
     @classmethod
@@ -112,8 +148,12 @@ class Segmenter:
         batch_size = _checked_batch_size(batch_size)  # before a runner is made
         transforms = deploy.build_transforms()
         backend = backend or default_runtime(deploy, options.device, int8)
+        attention = deploy.attention_memory
         runner = create_runner(deploy, backend, options, int8)
-        return cls(runner, transforms, deploy.output_op, batch_size, backend, deploy)
+        segmenter = cls(runner, transforms, deploy.output_op, batch_size, backend, deploy)
+        # The host's memory is checked; a GPU's free memory needs Paddle's CUDA calls.
+        segmenter._attention = attention if options.device == 'cpu' else None
+        return segmenter
 
     def __repr__(self):
         source = self.deploy.dir if self.deploy is not None else type(self.runner).__name__
@@ -157,7 +197,17 @@ class Segmenter:
 
     def run(self, batch):
         """The runner's output for a preprocessed batch."""
-        return self.runner.run(batch)
+        if self._attention is not None:
+            check_attention_memory(self._attention, batch.shape)
+        output = self.runner.run(batch)
+        if len(output) != len(batch):
+            raise DeployError(f'{self.backend or type(self.runner).__name__} returned '
+                              f'{len(output)} outputs for a batch of {len(batch)} (shape '
+                              f'{list(batch.shape)}): the runtime cannot run this input; try '
+                              'another backend, or images of another size.')
+        return output
+
+    _attention = None  # (input_unit, bytes_per_element) of an export's attention maps
 
     def postprocess(self, output, infos):
         """One uint8 label map per image at its size, from ``run``'s output."""
