@@ -7,10 +7,8 @@ that need it; the check that turns it off; where it lives.
    cpp_extension, which looks for ccache), before every real error of our
    tools. Ignored: the op build does without ccache.
    Paddle #75836. Paddle 3.0 to 3.3.1 at least. No check: a filter for a
-   warning that is not printed does nothing. Here (``CCACHE_WARNING``,
-   filtered on import; this module imports paddle only inside its functions,
-   and psanet.cli, psanet.core and psanet.models import it first, so every
-   command line, tool and engine module is covered).
+   warning that is not printed does nothing. Here (``CCACHE_WARNING``, filtered
+   on import: psanet.cli, psanet.core and psanet.models import this module first).
 2. ``enable_memory_optim()`` fails predictor creation for PIR programs ("Not
    find predictor_id 0 and pass_name memory_optimize_pass"). Left off.
    Paddle #75496, open. Paddle >= 3.0. ``MEMORY_OPTIM.needed()``; where not
@@ -90,8 +88,7 @@ that need it; the check that turns it off; where it lives.
 16. ``paddle.jit.save`` of a Layer wrapping another replaces the inner Layer's
    ``forward`` with a ``WeakMethod`` on 3.0.0, so a later export of that model
    itself (``--output_op none``) fails ("'WeakMethod' object has no attribute
-   '__name__'"). The inner
-   ``forward`` is put back after the save. None filed (fixed in 3.1). Paddle
+   '__name__'"). The inner ``forward`` is put back after the save. None filed (fixed in 3.1). Paddle
    3.0.0. ``JIT_SAVE_FORWARD.needed()``. ``keep_forward``, used by psanet/export.py.
 17. For the tests only: Paddle 3.0.0's predictor cannot open a program without
    parameters (it looks for the ``.pdiparams`` that ``paddle.jit.save`` writes
@@ -129,8 +126,7 @@ that need it; the check that turns it off; where it lives.
    psanet/export.py). None filed. Paddle 3.3.1, onnxruntime 1.32.0 (others not
    checked). tests/test_compat.py fails once either stops printing its line.
 
-Issues: https://github.com/PaddlePaddle/Paddle/issues/<n> and
-https://github.com/PaddlePaddle/PaddleSeg/issues/<n>.
+Issues: https://github.com/PaddlePaddle/{Paddle,PaddleSeg}/issues/<n>.
 
 Below Paddle 3.0 ``import psanet`` stops with one line saying what to install
 (psanet/__init__.py), before anything imports Paddle: Paddle 2.6's libpaddle.so
@@ -151,10 +147,8 @@ the first good version (its check then turns it off there), and delete it
 when no supported version needs it. tests/test_compat.py has, for 2, 3, 8,
 9 and 12 to 18, a test that fails as soon as this Paddle no longer needs it
 (or needs it where its record says not). The gates were set from runs on
-Paddle 3.0.0, 3.1.1, 3.2.2 and 3.3.1.
-
-paddleseg.core (train / evaluate / predict) is not patched: the project has
-its own engine in psanet.core that only reuses paddleseg's components.
+Paddle 3.0.0, 3.1.1, 3.2.2 and 3.3.1. paddleseg.core is not patched: psanet.core
+is the engine, on paddleseg's components.
 """
 import contextlib
 import re
