@@ -322,3 +322,30 @@ def onnx_tools_missing():
 
 
 needs_onnx = pytest.mark.skipif(bool(onnx_tools_missing()), reason=onnx_tools_missing())
+
+
+def read_text(path):
+    """The text of a log that may not exist yet (''), undecodable bytes replaced."""
+    try:
+        with open(path, errors='replace') as f:
+            return f.read()
+    except OSError:
+        return ''
+
+
+def write_mini_train_config(path, root):
+    """The mini config on the data at ``root`` with 64x32 crops (a step in a fraction of a
+    second): what the launched trainings of the tests run."""
+    mini = os.path.join(ROOT, 'configs', 'psanet',
+                        'psanet_resnet18_os8_mini_cityscapes_128x64_100.yml')
+    path.write_text(f'''_base_: {mini}
+train_dataset:
+  dataset_root: {root}
+  transforms:
+    - type: RandomPaddingCrop
+      crop_size: [64, 32]
+    - type: Normalize
+val_dataset:
+  dataset_root: {root}
+''')
+    return str(path)

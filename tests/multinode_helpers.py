@@ -18,7 +18,7 @@ import sys
 import time
 
 import engine_helpers as helpers
-from conftest import ROOT
+from conftest import ROOT, read_text as read  # noqa: F401 (mn.read)
 
 TESTS = os.path.join(ROOT, 'tests')
 
@@ -188,14 +188,6 @@ def wait_all(processes, timeout):
             return True
         time.sleep(0.05)
     return False
-
-
-def read(path):
-    try:
-        with open(path, errors='replace') as f:
-            return f.read()
-    except OSError:
-        return ''
 
 
 def reached(log_path, step, iters):

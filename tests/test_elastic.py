@@ -36,7 +36,8 @@ import time
 import pytest
 
 import engine_helpers as helpers
-from conftest import ROOT, kill_group, run_process
+from disk_helpers import digests
+from conftest import ROOT, read_text as _read, kill_group, run_process
 
 RANK = os.path.join(ROOT, 'tests', 'elastic_rank.py')
 # Without the variables psanet.launch sets, to see that it sets them.
@@ -68,14 +69,6 @@ def _free_ports(count):
     finally:
         for s in sockets:
             s.close()
-
-
-def _read(path):
-    try:
-        with open(path, errors='replace') as f:
-            return f.read()
-    except OSError:
-        return ''
 
 
 @contextlib.contextmanager
@@ -277,16 +270,6 @@ def test_killed_rank_restarts_from_the_last_checkpoint(tmp_path, toy, uninterrup
     assert sorted(os.listdir(save_dir)) == sorted(os.listdir(uninterrupted))
 
 
-def _snapshot(folder):
-    found = {}
-    for dirpath, _, files in os.walk(folder):
-        for name in files:
-            path = os.path.join(dirpath, name)
-            with open(path, 'rb') as f:
-                found[os.path.relpath(path, folder)] = f.read()
-    return found
-
-
 @pytest.mark.parametrize('master', ['down', 'silent'])
 def test_unreachable_etcd_ends_the_launch_and_touches_nothing(tmp_path, toy, uninterrupted,
                                                               master):
@@ -295,7 +278,7 @@ def test_unreachable_etcd_ends_the_launch_and_touches_nothing(tmp_path, toy, uni
     save_dir = tmp_path / 'out'
     shutil.copytree(uninterrupted, save_dir, ignore=lambda folder, names: [
         name for name in names if name.startswith('iter_') and int(name[5:]) > KILL_AFTER])
-    before = _snapshot(save_dir)
+    before = digests(save_dir)
     port, = _free_ports(1)
     with contextlib.ExitStack() as stack:
         if master == 'silent':
@@ -314,5 +297,5 @@ def test_unreachable_etcd_ends_the_launch_and_touches_nothing(tmp_path, toy, uni
     assert lines == [f'error: no etcd answers at 127.0.0.1:{port} ({what}): start it there '
                      f'(docs/training.md, "On a cluster") or fix --master '
                      f'etcd://127.0.0.1:{port}; nothing was started or written.']
-    assert _snapshot(save_dir) == before
+    assert digests(save_dir) == before
     assert not os.path.exists(tmp_path / 'log' / 'workerlog.0'), 'a rank was started'

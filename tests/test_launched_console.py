@@ -15,24 +15,9 @@ import time
 
 import pytest
 
-from conftest import ROOT, finish, started_process
+from conftest import ROOT, finish, started_process, write_mini_train_config
 
-MINI = os.path.join(ROOT, 'configs', 'psanet', 'psanet_resnet18_os8_mini_cityscapes_128x64_100.yml')
 START = 240  # seconds a launch may take to reach its second step, under load
-
-
-def _config(path, root):
-    path.write_text(f'''_base_: {MINI}
-train_dataset:
-  dataset_root: {root}
-  transforms:
-    - type: RandomPaddingCrop
-      crop_size: [64, 32]
-    - type: Normalize
-val_dataset:
-  dataset_root: {root}
-''')
-    return str(path)
 
 
 def _stop_a_launch(tmp_path, mini_cityscapes, stderr):
@@ -41,7 +26,7 @@ def _stop_a_launch(tmp_path, mini_cityscapes, stderr):
     Returns:
         tuple: (launcher exit code, rank 0's log, save_dir).
     """
-    config = _config(tmp_path / 'mini.yml', mini_cityscapes)
+    config = write_mini_train_config(tmp_path / 'mini.yml', mini_cityscapes)
     save_dir, log_dir = str(tmp_path / 'out'), str(tmp_path / 'log')
     command = [sys.executable, '-m', 'paddle.distributed.launch', '--nproc_per_node', '2',
                '--log_dir', log_dir, os.path.join(ROOT, 'train.py'), '--config', config,

@@ -25,10 +25,9 @@ import time
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, read_text as _read, write_mini_train_config
 
 RANK = os.path.join(ROOT, 'tests', 'preemption_rank.py')
-MINI = os.path.join(ROOT, 'configs', 'psanet', 'psanet_resnet18_os8_mini_cityscapes_128x64_100.yml')
 TRIALS = max(int(os.environ.get('PSANET_PREEMPTION_TRIALS', '10')), 1)
 CASES = ('launcher', 'group', 'rank')
 ITERS = 7          # iterations of every run; the signal comes after step 1 to 4
@@ -37,21 +36,6 @@ START = 240        # seconds a launch may take to reach its signalled step, unde
 BOUND = 60         # seconds from the signal to the end of every process (the launcher
 #                    itself kills its ranks 30 s after forwarding SIGTERM)
 SIGNALS = (1 << (signal.SIGINT - 1)) | (1 << (signal.SIGTERM - 1))
-
-
-def _config(path, root):
-    path.write_text(f'''_base_: {MINI}
-train_dataset:
-  dataset_root: {root}
-  transforms:
-    - type: RandomPaddingCrop
-      crop_size: [64, 32]
-    - type: RandomHorizontalFlip
-    - type: Normalize
-val_dataset:
-  dataset_root: {root}
-''')
-    return str(path)
 
 
 def _flags(config, save_dir, save_interval=SAVE_INTERVAL):
@@ -93,14 +77,6 @@ def _kill_all(pids):
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-
-
-def _read(path):
-    try:
-        with open(path, errors='replace') as f:
-            return f.read()
-    except OSError:
-        return ''
 
 
 def _trainers(out):
@@ -253,7 +229,7 @@ def preempted(tmp_path_factory):
     work = str(tmp_path_factory.mktemp('preemption'))
     root = os.path.join(work, 'mini')
     generate_mini_cityscapes(root, num_train=8, num_val=2, size=(64, 32), seed=0)
-    config = _config(tmp_path_factory.mktemp('config') / 'mini_64x32.yml', root)
+    config = write_mini_train_config(tmp_path_factory.mktemp('config') / 'mini_64x32.yml', root)
     rng = random.Random(int(os.environ.get('PSANET_PREEMPTION_SEED', '0')))
     trials = []
     started = time.monotonic()
@@ -354,7 +330,7 @@ def test_no_rank_exits_before_rank_0_has_written_the_stop_checkpoint(tmp_path, m
     from psanet.data import generate_mini_cityscapes
     root = str(tmp_path / 'mini')
     generate_mini_cityscapes(root, num_train=4, num_val=2, size=(64, 32), seed=0)
-    config = _config(tmp_path / 'mini_64x32.yml', root)
+    config = write_mini_train_config(tmp_path / 'mini_64x32.yml', root)
     save_dir = str(tmp_path / 'run')
     monkeypatch.setenv('PSANET_TEST_SLOW_SAVE', str(SLOW_SAVE))
     launcher, out = _launch(str(tmp_path), 'slow_save', _flags(config, save_dir))
