@@ -123,3 +123,21 @@ def test_val_prints_each_class_by_name_with_its_own_numbers(tmp_path, mini_citys
     for i, (name, row) in enumerate(zip(names, table[2:])):
         assert row.split() == name.split() + [f'{i / 100:.4f}', f'{i / 100 + .2:.4f}',
                                               f'{i / 100 + .5:.4f}'], row
+
+
+def test_a_missing_image_is_our_line_alone(tmp_path):
+    # OpenCV's own "can't open/read file" warning would come first, on the C-level stderr:
+    # a subprocess sees it where capsys would not.
+    missing = str(tmp_path / 'missing.png')
+    code = ('from psanet.deploy.processing import preprocess\n'
+            'from psanet.errors import DeployError\n'
+            'try:\n'
+            f'    preprocess([{missing!r}], None)\n'
+            'except DeployError as error:\n'
+            '    print("error:", error)\n')
+    done = run_process([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f'error: image {missing} does not exist (cwd {ROOT}): check ' \
+                                  'the path.'
+    assert 'imread' not in done.stderr and "can't open" not in done.stderr, done.stderr

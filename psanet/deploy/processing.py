@@ -1,5 +1,7 @@
 """Pre- and post-processing around a segmentation model (an export, or the dygraph model):
 images in, label maps or scores at the image size out."""
+import os
+
 import cv2
 import numpy as np
 
@@ -25,6 +27,9 @@ def preprocess(image_paths, transforms, names=None):
     """
     inputs, infos, images = [], [], []
     for path in image_paths:
+        if not isinstance(path, np.ndarray) and not os.path.isfile(path):
+            # Before cv2.imread, which warns "can't open/read file" on stderr first.
+            raise DeployError(f'image {path} does not exist (cwd {os.getcwd()}): check the path.')
         image = path if isinstance(path, np.ndarray) else cv2.imread(path, cv2.IMREAD_COLOR)
         if image is None:
             raise DeployError(unreadable_image(path, 'check the path, and that the file is a '
