@@ -128,12 +128,13 @@ class ExportOptions:
         if self.onnx and self.psa_impl != 'paddle':
             raise ConfigError('--onnx needs the pure-Paddle op: add --psa_impl paddle '
                               '(paddle2onnx cannot convert custom operators).')
-        if self.onnx:
-            _check_onnx_tools()
+        # The flags' own mistakes before what this environment lacks.
         if self.quantize is None and self.calib_images is not None:
             raise ConfigError('--calib_images calibrates --quantize int8, which is not given: add '
                               '--quantize int8 (with --psa_impl paddle --onnx), or drop '
                               '--calib_images.')
+        if self.onnx:
+            _check_onnx_tools()
         if self.quantize is not None:
             if self.quantize != 'int8':
                 raise ConfigError(f"--quantize must be int8, got {self.quantize!r}.")
