@@ -80,7 +80,10 @@ def resume(options, folder, model, optimizer, scheduler, logger):
             logger.info(f'--resume_model auto: no checkpoint in {options.save_dir}: starting at '
                         'iteration 0.')
         return RunState(seed=seed), {}
-    model_state, optimizer_state, saved = folder.loaded or ckpt.load_checkpoint(resume_model)
+    # Taken from the folder, which lives as long as the run: not a second copy of the
+    # weights and optimizer state held through training.
+    loaded, folder.loaded = folder.loaded, None
+    model_state, optimizer_state, saved = loaded or ckpt.load_checkpoint(resume_model)
     _warn_of_another_recipe(options, resume_model, saved, logger)
     ckpt.check_state_fits(model, model_state, f'the weights of --resume_model {resume_model}',
                           _RESUME_ANOTHER_MODEL)
