@@ -100,10 +100,10 @@ def run(args, work):
     import psanet.compat  # noqa: F401  (filters Paddle's ccache notice)
     from psanet.core.checkpoint import load_model_weights
     from psanet.core.config import ComponentBuilder, load_config
-    from psanet.deploy.config import DeployConfig
+    from psanet.deploy.deploy_config import DeployConfig
     from psanet.deploy.predictor import PaddleRunner, PredictorOptions
     from psanet.deploy.processing import preprocess
-    from psanet.deploy.runtimes import PACKAGES, OpenVinoRunner, create_runner, installed
+    from psanet.deploy.backends import PACKAGES, OpenVinoRunner, create_runner, installed
     from psanet.deploy.quantize import check_quantize_tools
     from psanet.errors import ConfigError
     from psanet.export import ONNX_INSTALL, ExportOptions, export_model, onnx_tools_installed

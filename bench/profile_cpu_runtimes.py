@@ -33,7 +33,7 @@ def main():
     import onnxruntime
     from paddle import inference
     from psanet import compat
-    from psanet.deploy.config import DeployConfig
+    from psanet.deploy.deploy_config import DeployConfig
     from psanet.deploy.processing import preprocess
 
     deploy = DeployConfig(args.export)

@@ -4,8 +4,8 @@
     seg = Segmenter.from_export('output/inference_model')   # or .from_config(cfg, weights)
     label = seg('image.png')                                 # path, BGR array, or a list
 
-``from_export`` and everything a Segmenter does come from the runtime's
-:class:`psanet.deploy.segmenter.Segmenter`, which loads no model code;
+``from_export`` and everything a Segmenter does come from the deploy package's
+:class:`psanet.deploy.pipeline.Pipeline`, which loads no model code;
 ``from_config`` adds the build side (config, models, export), loaded when it is
 called: a checkpoint exported and run in a runtime, or run as the dygraph model
 (``backend='dygraph'``) with predict.py's windows, scales and flips.
@@ -13,19 +13,19 @@ called: a checkpoint exported and run in a runtime, or run as the dygraph model
 import os
 import tempfile
 
-from psanet.deploy import segmenter as runtime
-from psanet.deploy.runtimes import RUNTIMES
+from psanet.deploy.backends import EXPORT_BACKENDS
+from psanet.deploy.pipeline import Pipeline
 from psanet.errors import DeployError
 
 __all__ = ['Segmenter']
 
 # What the dygraph route takes of from_export's options (the rest set up an export's runtime).
 DYGRAPH_OPTIONS = ('device', 'batch_size')
-BACKENDS = ('dygraph',) + RUNTIMES
+BACKENDS = ('dygraph',) + EXPORT_BACKENDS
 
 
-class Segmenter(runtime.Segmenter):
-    __doc__ = runtime.Segmenter.__doc__
+class Segmenter(Pipeline):
+    __doc__ = Pipeline.__doc__
 
     @classmethod
     def from_config(cls, config, weights, backend=None, save_dir=None, inference=None,
@@ -68,9 +68,7 @@ class Segmenter(runtime.Segmenter):
         onnx = backend != 'paddle' and onnx_tools_installed()
         path = export_from_config(config, weights, save_dir, output_op='none',
                                   psa_impl='paddle' if onnx else 'custom', onnx=onnx)
-        segmenter = cls.from_export(path, backend=backend, **options)
-        segmenter._workdir = workdir  # removed with the Segmenter
-        return segmenter
+        return cls.from_export(path, backend=backend, workdir=workdir, **options)
 
     @classmethod
     def _dygraph(cls, config, weights, save_dir, inference, options):

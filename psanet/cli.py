@@ -18,7 +18,7 @@ import sys
 from psanet import compat  # noqa: F401
 from psanet import interrupts
 from psanet.errors import Interrupted, UserError
-from psanet.ops.loader import OpLibraryError
+from psanet.ops.library import OpLibraryError
 from psanet.log import line_cut, setup_logging
 
 __all__ = ['exit_with', 'run_cli', 'add_model_flags', 'add_inference_flags']

@@ -41,7 +41,7 @@ that need it; the check that turns it off; where it lives.
    undocumented, not in ``paddle.utils.cpp_extension.__all__``, but what the
    stubs of Paddle's own ``cpp_extension.setup`` call. No public API. Paddle
    3.x. A fallback, not a version: the same function in ``extension_utils``.
-   ``register_op_library()`` in psanet/ops/loader.py.
+   ``register_op_library()`` in psanet/ops/library.py.
 8. paddleseg 2.8.0's ``CrossEntropyLoss._post_process_loss`` mixes int64 and
    float32 operands, which Paddle 3 no longer promotes. None filed. Paddle >=
    3.0 with paddleseg 2.8.0. ``PADDLESEG_CROSS_ENTROPY.needed()``: only on
@@ -57,7 +57,7 @@ that need it; the check that turns it off; where it lives.
    and thread live on (and an interrupted run then waits for them or leaves
    their shared memory in /dev/shm). ``shut_down_loader`` calls the
    iterator's private ``_try_shutdown_all``. None filed. Paddle 3.x (3.3.1).
-   No check: it does what the end of an epoch does. psanet/core/loader.py.
+   No check: it does what the end of an epoch does. psanet/core/data_loader.py.
 11. cityscapesScripts (2.3.0, the newest) calls ``np.in1d``, which numpy 2.4
    removed: its evaluators fail with AttributeError. ``numpy.in1d`` is set to
    the same function on ``np.isin``, in the evaluator's process only

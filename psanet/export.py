@@ -24,11 +24,11 @@ from psanet.contract import (DEFAULT_TRANSFORMS, DEPLOY_FILE, DEPLOY_SECTION, DY
                              write_folder)
 from psanet.core.checkpoint import load_model_weights
 from psanet.core.config import ComponentBuilder, load_config
-from psanet.deploy.config import DeployConfig
+from psanet.deploy.deploy_config import DeployConfig
 from psanet.deploy.memory import ATTENTION_MEMORY
 from psanet.deploy.predictor import PredictorOptions
 from psanet.deploy.processing import preprocess
-from psanet.deploy.runtimes import create_runner
+from psanet.deploy.backends import create_runner
 from psanet.deploy.quantize import (INT8_FILE, check_calib_images, check_quantize_tools,
                                     quantize_export)
 from psanet.errors import ConfigError
@@ -378,7 +378,7 @@ def compare_with_dygraph(model, deploy, image_paths, options=None, backend='padd
         options (PredictorOptions, optional): How the export runs (for onnxruntime, its
             ``cpu_threads``). Default: ``PredictorOptions()``.
         backend (str, optional): 'paddle' (Paddle Inference), 'onnxruntime' or 'openvino'
-            (model.onnx; :mod:`psanet.deploy.runtimes`). Default: 'paddle'.
+            (model.onnx; :mod:`psanet.deploy.backends`). Default: 'paddle'.
         int8 (bool, optional): Run model_int8.onnx instead. Default: False.
 
     Returns:

@@ -15,7 +15,7 @@ from cityscapesscripts.helpers.labels import trainId2label
 from PIL import Image
 
 import psanet.models  # noqa: F401  (registers PSANet)
-from psanet.deploy.config import DeployConfig
+from psanet.deploy.deploy_config import DeployConfig
 from psanet.deploy.predictor import PaddleRunner, PredictorOptions
 from psanet.deploy.processing import postprocess, preprocess
 from psanet.deploy.timing import StageTimer

@@ -12,7 +12,7 @@ import pytest
 from conftest import INFER_SCRIPT as INFER, run_process
 from conftest import MINI_PSANET_RTOL, ROOT, infer_in_process
 from engine_helpers import assert_saved_masks_agree, mini_psanet_for_eval
-from psanet.deploy.config import check_params_file
+from psanet.deploy.deploy_config import check_params_file
 from psanet.export import ExportOptions, export_model
 
 IMAGE_SIZE = (96, 64)  # width, height

@@ -30,7 +30,7 @@ import engine_helpers  # noqa: F401  (registers TinySegNet)
 from psanet.core import dist
 from psanet.core.checkpoint import load_model_weights
 from psanet.core.config import ComponentBuilder, load_config
-from psanet.core.loader import SampleReader, TrainBatchSampler
+from psanet.core.data_loader import SampleReader, TrainBatchSampler
 from psanet.core.options import EvalOptions, TrainOptions
 from psanet.core.train import train
 from psanet.core.val import evaluate

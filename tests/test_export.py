@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 import psanet.models  # noqa: F401  (registers PSANet)
-from psanet.deploy.config import DeployConfig, graph_holds_custom_op
+from psanet.deploy.deploy_config import DeployConfig, graph_holds_custom_op
 from psanet.deploy.predictor import OnnxRunner, PaddleRunner, PredictorOptions
 from psanet.errors import DeployError
 from conftest import (MINI_CONFIG, MINI_PSANET_RTOL, ROOT, assert_logits_agree, needs_onnx,

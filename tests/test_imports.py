@@ -25,11 +25,11 @@ LEAVES = {
     'psanet.interrupts': {'psanet.errors'},
     # cli also names the op loader's error: an op cache that cannot be written is one line.
     'psanet.cli': {'psanet.compat', 'psanet.errors', 'psanet.log', 'psanet.interrupts',
-                   'psanet.ops.loader'},
+                   'psanet.ops.library'},
 }
 # What the deploy runtime may import besides itself.
 RUNTIME_MAY_IMPORT = {'psanet.compat', 'psanet.contract', 'psanet.errors', 'psanet.interrupts',
-                      'psanet.log', 'psanet.ops.loader'}
+                      'psanet.log', 'psanet.ops.library'}
 # What importing the runtime, the op package or setup.py must not load: the training stack.
 ENGINE_PREFIXES = ('paddleseg', 'psanet.models', 'psanet.core', 'psanet.data', 'psanet.export')
 
@@ -165,7 +165,7 @@ def test_the_deploy_command_line_loads_no_engine_data_or_export_code():
 
 def test_importing_the_op_package_loads_no_training_stack():
     loaded = _loaded_after('import psanet.ops\nimport psanet.ops.build')
-    assert 'psanet.ops.loader' in loaded
+    assert 'psanet.ops.library' in loaded
     _assert_no_training_stack(loaded)
 
 
@@ -201,7 +201,7 @@ def test_the_python_api_loads_the_runtime_only():
     # when it is called, not when the API is imported.
     loaded = _loaded_after('from psanet import Segmenter\nassert Segmenter.from_config\n'
                            'assert Segmenter.__module__ == "psanet.api"')
-    assert 'psanet.deploy.segmenter' in loaded
+    assert 'psanet.deploy.pipeline' in loaded
     _assert_no_training_stack(loaded)
 
 

@@ -215,7 +215,7 @@ GROUP_SIGTERM_AS_WORKERS_START = textwrap.dedent('''
     import numpy as np
     import paddle
     from psanet import interrupts
-    from psanet.core import loader
+    from psanet.core import data_loader as loader
 
     class Samples(paddle.io.Dataset):
         def __len__(self):

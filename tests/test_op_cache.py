@@ -22,7 +22,7 @@ def _cache_with_a_build(cache):
     if os.path.isfile(os.path.join(default, build.LIBRARY_NAME + '.so')):
         shutil.copytree(default, os.path.dirname(library))
     else:
-        done = run_process([sys.executable, '-c', 'from psanet.ops.loader import library_path; '
+        done = run_process([sys.executable, '-c', 'from psanet.ops.library import library_path; '
                             'library_path()'], cwd=ROOT, capture_output=True, text=True,
                            timeout=600, env=_environment(cache))
         assert done.returncode == 0, done.stderr[-3000:]

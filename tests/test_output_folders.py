@@ -21,7 +21,7 @@ from psanet.contract import DEPLOY_FILE
 from psanet.core.checkpoint import convert_reproduction_file
 from psanet.core.predict import predict_from_config
 from psanet.core.val import evaluate_from_config
-from psanet.deploy.config import DeployConfig
+from psanet.deploy.deploy_config import DeployConfig
 from psanet.export import ExportOptions, export_from_config, export_model
 from disk_helpers import digests, small_tmpfs
 

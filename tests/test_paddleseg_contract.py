@@ -155,7 +155,7 @@ def test_paddleseg_deploy_config_reads_every_output_op(argmax_export, tmp_path):
     from paddleseg.deploy.infer import DeployConfig as PaddleSegDeployConfig
     from paddleseg.transforms import Compose, Normalize
 
-    from psanet.deploy.config import DeployConfig
+    from psanet.deploy.deploy_config import DeployConfig
     from psanet.export import ExportOptions, export_model
     model = helpers.mini_psanet_for_eval(1)
     paths = {'argmax': argmax_export[0]}

@@ -219,7 +219,7 @@ def test_cpu_key_is_as_before_and_asks_no_nvcc(fake_nvcc, monkeypatch):
 
 def test_a_new_arch_list_rebuilds_into_its_own_folder(fake_nvcc, monkeypatch, tmp_path):
     """The loader's side: a library built for 8.0 is not reused once 9.0 is asked for."""
-    from psanet.ops import loader
+    from psanet.ops import library as loader
     monkeypatch.setenv('NVCC', fake_nvcc())
     monkeypatch.setenv('PSANET_OPS_CACHE', str(tmp_path / 'cache'))
     monkeypatch.setenv('PSANET_OPS_FORCE_JIT', '1')

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from psanet import Segmenter
-from psanet.deploy import quantize, runtimes
-from psanet.deploy.config import DeployConfig
+from psanet.deploy import quantize, backends
+from psanet.deploy.deploy_config import DeployConfig
 from psanet.errors import ConfigError, DeployError
 from engine_helpers import mini_psanet_for_eval
 from psanet.export import ExportOptions, export_model
@@ -97,7 +97,7 @@ def test_the_attention_stays_float(export):
 
 
 OPENVINO = pytest.param('openvino', marks=pytest.mark.skipif(
-    not runtimes.installed('openvino'), reason='openvino is not installed (pip install openvino)'))
+    not backends.installed('openvino'), reason='openvino is not installed (pip install openvino)'))
 
 
 @needs_tools
@@ -119,11 +119,11 @@ def test_the_int8_model_stays_close_to_the_float_one(export, backend):
 @needs_tools
 def test_the_int8_default_is_openvino_where_installed(export, monkeypatch):
     deploy = DeployConfig(export[0])
-    want = 'openvino' if runtimes.installed('openvino') else 'onnxruntime'
-    assert runtimes.default_runtime(deploy, int8=True) == want
-    monkeypatch.setattr(runtimes, 'installed', lambda name: name == 'paddle')
+    want = 'openvino' if backends.installed('openvino') else 'onnxruntime'
+    assert backends.default_backend(deploy, int8=True) == want
+    monkeypatch.setattr(backends, 'installed', lambda name: name == 'paddle')
     with pytest.raises(DeployError, match='INT8 model needs onnxruntime'):
-        runtimes.default_runtime(deploy, int8=True)
+        backends.default_backend(deploy, int8=True)
 
 
 @needs_tools
@@ -140,7 +140,7 @@ def test_no_int8_model_says_how_to_make_one(export, tmp_path):
     deploy = DeployConfig(plain)
     deploy.dic.pop('onnx_int8')
     with pytest.raises(DeployError, match='--quantize int8 --calib_images'):
-        runtimes.create_runner(deploy, 'onnxruntime', int8=True)
+        backends.create_runner(deploy, 'onnxruntime', int8=True)
 
 
 @needs_tools

@@ -13,7 +13,7 @@ import paddle.nn.functional as F
 import pytest
 
 from psanet import Segmenter
-from psanet.deploy import runtimes
+from psanet.deploy import backends
 from psanet.deploy.processing import restore_logits
 from psanet.errors import DeployError
 from conftest import (MINI_CONFIG, MINI_PSANET_RTOL, assert_logits_agree, clear_margin_pixels,
@@ -27,14 +27,14 @@ SIZES = [(96, 64), (96, 64), (64, 48)]  # width, height: two of one size, then a
 def _runtime_param(runtime):
     if runtime == 'paddle':
         return runtime
-    if not runtimes.installed(runtime):
-        reason = f'{runtime} is not installed (pip install {runtimes.PACKAGES[runtime]})'
+    if not backends.installed(runtime):
+        reason = f'{runtime} is not installed (pip install {backends.PACKAGES[runtime]})'
     else:  # the checkpoint fixture's export has model.onnx only where paddle2onnx is
         reason = onnx_tools_missing()
     return pytest.param(runtime, marks=pytest.mark.skipif(bool(reason), reason=reason))
 
 
-RUNTIMES = [_runtime_param(r) for r in runtimes.RUNTIMES]
+EXPORT_BACKENDS = [_runtime_param(r) for r in backends.EXPORT_BACKENDS]
 
 
 @pytest.fixture(scope='module')
@@ -75,7 +75,7 @@ def test_from_config_gives_the_dygraph_classes_and_logits(checkpoint):
         assert_logits_agree(seg.logits(path), want, MINI_PSANET_RTOL, path, class_axis=0)
 
 
-@pytest.mark.parametrize('runtime', RUNTIMES)
+@pytest.mark.parametrize('runtime', EXPORT_BACKENDS)
 def test_from_export_in_each_runtime_agrees_with_dygraph(checkpoint, runtime):
     model, _, export, paths = checkpoint
     seg = Segmenter.from_export(export, backend=runtime, cpu_threads=1, batch_size=3)
@@ -93,7 +93,7 @@ def test_from_export_in_each_runtime_agrees_with_dygraph(checkpoint, runtime):
     assert np.array_equal(one, mixed[2])
 
 
-@pytest.mark.parametrize('backend', RUNTIMES[1:])
+@pytest.mark.parametrize('backend', EXPORT_BACKENDS[1:])
 def test_infer_runs_the_onnx_runtimes(checkpoint, tmp_path, capfd, backend):
     model, _, export, paths = checkpoint
     images = tmp_path / 'images'
@@ -110,7 +110,7 @@ def test_infer_runs_the_onnx_runtimes(checkpoint, tmp_path, capfd, backend):
 
 
 def test_infer_names_a_runtime_to_install(checkpoint, tmp_path, capfd, monkeypatch):
-    monkeypatch.setattr(runtimes, 'installed', lambda name: name == 'paddle')
+    monkeypatch.setattr(backends, 'installed', lambda name: name == 'paddle')
     code, _, stderr = infer_in_process(capfd, '--config', checkpoint[2], '--image_path',
                                        checkpoint[3][0], '--save_dir', tmp_path / 'out',
                                        '--backend', 'openvino')
@@ -144,24 +144,24 @@ def test_logits_are_resized_back_like_paddleseg():
 @needs_onnx
 def test_the_default_runtime_is_the_fastest_installed(checkpoint, monkeypatch):
     _, _, export, _ = checkpoint
-    from psanet.deploy.config import DeployConfig
+    from psanet.deploy.deploy_config import DeployConfig
     deploy = DeployConfig(export)
-    fastest = 'openvino' if runtimes.installed('openvino') else 'onnxruntime'
-    assert runtimes.default_runtime(deploy) == fastest
-    assert runtimes.default_runtime(deploy, device='gpu') == 'paddle'
-    monkeypatch.setattr(runtimes, 'installed', lambda runtime: runtime != 'openvino')
-    assert runtimes.default_runtime(deploy) == 'onnxruntime'
-    monkeypatch.setattr(runtimes, 'installed', lambda runtime: runtime == 'paddle')
-    assert runtimes.default_runtime(deploy) == 'paddle'
+    fastest = 'openvino' if backends.installed('openvino') else 'onnxruntime'
+    assert backends.default_backend(deploy) == fastest
+    assert backends.default_backend(deploy, device='gpu') == 'paddle'
+    monkeypatch.setattr(backends, 'installed', lambda runtime: runtime != 'openvino')
+    assert backends.default_backend(deploy) == 'onnxruntime'
+    monkeypatch.setattr(backends, 'installed', lambda runtime: runtime == 'paddle')
+    assert backends.default_backend(deploy) == 'paddle'
     monkeypatch.setitem(deploy.dic, 'onnx', None)
-    monkeypatch.setattr(runtimes, 'installed', lambda runtime: True)
-    assert runtimes.default_runtime(deploy) == 'paddle'  # no model.onnx to run
+    monkeypatch.setattr(backends, 'installed', lambda runtime: True)
+    assert backends.default_backend(deploy) == 'paddle'  # no model.onnx to run
 
 
 @pytest.mark.parametrize('runtime', ['onnxruntime', 'openvino'])
 def test_a_runtime_not_installed_names_its_package(checkpoint, monkeypatch, runtime):
     _, _, export, _ = checkpoint
-    monkeypatch.setattr(runtimes, 'installed', lambda name: name == 'paddle')
+    monkeypatch.setattr(backends, 'installed', lambda name: name == 'paddle')
     with pytest.raises(DeployError, match=f'needs {runtime}.*: pip install {runtime}$'):
         Segmenter.from_export(export, backend=runtime)
 
@@ -373,7 +373,7 @@ def test_an_unknown_backend_is_refused_before_any_export(trained, tmp_path, back
     assert not os.path.exists(tmp_path / 'export')
 
 
-@pytest.mark.parametrize('runtime', RUNTIMES[2:])
+@pytest.mark.parametrize('runtime', EXPORT_BACKENDS[2:])
 def test_openvino_is_asked_for_f32_on_any_cpu(checkpoint, monkeypatch, runtime):
     """On a CPU with bfloat16 instructions OpenVINO runs in bf16 unless told f32, and the
     classes move (the agreement test above catches that only there): on any CPU, what
@@ -387,8 +387,8 @@ def test_openvino_is_asked_for_f32_on_any_cpu(checkpoint, monkeypatch, runtime):
             return super().compile_model(model, device_name, config or {})
 
     monkeypatch.setattr(openvino, 'Core', Core)
-    runner = runtimes.create_runner(checkpoint[2], runtime,
-                                    runtimes.PredictorOptions(cpu_threads=1))
+    runner = backends.create_runner(checkpoint[2], runtime,
+                                    backends.PredictorOptions(cpu_threads=1))
     assert [(device, config.get('INFERENCE_PRECISION_HINT')) for device, config in asked] == \
         [('CPU', 'f32')]
     assert runner.compiled.get_property('INFERENCE_PRECISION_HINT') == openvino.Type.f32
@@ -453,7 +453,7 @@ def test_a_deploy_yaml_entry_of_the_wrong_kind_is_named(checkpoint, tmp_path, en
         Segmenter.from_export(folder, backend='paddle')
 
 
-@pytest.mark.parametrize('runtime', RUNTIMES[1:])
+@pytest.mark.parametrize('runtime', EXPORT_BACKENDS[1:])
 @pytest.mark.parametrize('int8', [False, True])
 def test_a_deleted_onnx_file_is_called_missing_not_unnamed(checkpoint, tmp_path, runtime, int8):
     entries = {'onnx_int8': 'model_int8.onnx'} if int8 else {}
@@ -466,7 +466,7 @@ def test_a_deleted_onnx_file_is_called_missing_not_unnamed(checkpoint, tmp_path,
         Segmenter.from_export(folder, backend=runtime, int8=int8)
 
 
-@pytest.mark.parametrize('runtime', RUNTIMES[1:])
+@pytest.mark.parametrize('runtime', EXPORT_BACKENDS[1:])
 @pytest.mark.parametrize('name', ['model.onnx', 'model_int8.onnx'])
 @pytest.mark.parametrize('keep', [0, 1000])
 def test_an_empty_or_cut_short_onnx_file_is_one_line(checkpoint, tmp_path, runtime, name,
@@ -484,7 +484,7 @@ def test_an_empty_or_cut_short_onnx_file_is_one_line(checkpoint, tmp_path, runti
         Segmenter.from_export(folder, backend=runtime, int8='int8' in name, cpu_threads=1)
 
 
-@pytest.mark.parametrize('runtime', RUNTIMES)
+@pytest.mark.parametrize('runtime', EXPORT_BACKENDS)
 def test_an_image_of_a_few_pixels_is_segmented_or_refused_never_misread(checkpoint, runtime):
     """A 1x1 image, and a 4x9 one after a 7x7 one (OpenVINO gives no output for the first,
     and the 7x7's output again for the second): labels at the image's size that agree with

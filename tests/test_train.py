@@ -15,8 +15,8 @@ from conftest import MINI_CONFIG, ROOT, copy_dataset, run_process
 from psanet.cli import run_cli
 from psanet.core import checkpoint as ckpt
 from psanet.core.config import ComponentBuilder, load_config
-from psanet.core.loader import SampleReader, TrainBatchSampler
-from psanet.core.runtime import to_plain_batchnorm
+from psanet.core.data_loader import SampleReader, TrainBatchSampler
+from psanet.core.device import to_plain_batchnorm
 from psanet.core.options import EvalOptions, TrainOptions
 from psanet.core.train import iteration_seed, train, train_from_config
 from psanet.core.val import evaluate
@@ -294,7 +294,7 @@ def test_train_reshuffles_and_reseeds_every_epoch(tmp_path, monkeypatch, num_wor
         read.extend(tuple(int(v) for v in pair) for pair in np.asarray(data['read']))
         return real_step(run, state, data, epoch)
 
-    from psanet.core import loader as loader_module
+    from psanet.core import data_loader as loader_module
     from psanet.core import train as train_module
     real_step, real_collate = train_module._train_step, loader_module.collate
     monkeypatch.setattr(SampleReader, '__getitem__', recording)

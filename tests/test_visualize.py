@@ -20,7 +20,7 @@ from psa_mask_reference import reference_forward
 from psanet.errors import ConfigError
 from psanet.models import PSANet
 from psanet.ops import psa_impl
-from psanet.core.attention import visualize_attention
+from psanet.core.visualize_attention import visualize_attention
 from psanet.visualize.attention import (MapGeometry, branch_map, capture_attention,
                                         check_points, parse_points, point_maps)
 from psanet.visualize.charts import (class_names, confusion_matrix_image, iou_bar_chart,

@@ -9,7 +9,7 @@
 For each point (x,y in image pixels): the image with the point marked, the map
 each PSA branch predicts at the point (collect: where it gathers from;
 distribute: where it sends to) as a heat map over the image, and the predicted
-classes; one PNG per point and a sheet of all (psanet/core/attention.py).
+classes; one PNG per point and a sheet of all (psanet/core/visualize_attention.py).
 """
 import argparse
 import os
@@ -19,7 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from psanet.cli import add_model_flags, exit_with, run_cli  # noqa: E402
-from psanet.core.attention import visualize_attention_from_config  # noqa: E402
+from psanet.core.visualize_attention import visualize_attention_from_config  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -5,7 +5,7 @@ For every input image it writes, keeping the image's path relative to
 ``--image_path`` (a folder, a list file, or the file name of a single image),
 the pseudo-colour PNG and the overlay of :func:`psanet.contract.save_prediction`
 (Cityscapes colours for the 19 Cityscapes classes). The model runs as a
-:class:`DygraphRunner` inside the API's :class:`psanet.deploy.segmenter.Segmenter`
+:class:`DygraphRunner` inside the API's :class:`psanet.deploy.pipeline.Pipeline`
 (the one preprocessing and postprocessing), over the files of
 :func:`psanet.deploy.infer_images.segment_files`, the loop deploy/python/infer.py runs.
 
@@ -24,10 +24,10 @@ from psanet.contract import (check_outputs, check_save_dir, color_map, get_image
 from psanet.core import dist, inference
 from psanet.core.checkpoint import load_model_weights, resolve_weights_path
 from psanet.core.config import ComponentBuilder, load_config
-from psanet.core.runtime import autocast, progress_bar, set_device
+from psanet.core.device import autocast, progress_bar, set_device
 from psanet.core.options import InferenceOptions
 from psanet.deploy.infer_images import segment_files
-from psanet.deploy.segmenter import Segmenter
+from psanet.deploy.pipeline import Pipeline
 from psanet.errors import ConfigError, UnreadableImagesError
 from psanet.log import get_logger
 
@@ -35,7 +35,7 @@ __all__ = ['DygraphRunner', 'load_model', 'dygraph_runner', 'predict', 'predict_
 
 
 class DygraphRunner:
-    """The dygraph model as a :class:`~psanet.deploy.segmenter.Segmenter` runner.
+    """The dygraph model as a :class:`~psanet.deploy.pipeline.Pipeline` runner.
 
     ``run(batch)`` gives float32 ``[N, C, H, W]`` logits at the batch's size (mean
     probabilities with ``aug_combine='softmax'``) from :func:`psanet.core.inference.inference`:
@@ -124,8 +124,8 @@ def predict(model, transforms, image_list, save_dir='output/result', options=Non
     check_save_dir(save_dir)
     check_outputs(image_list, save_dir)
     colors = colors or color_map(19, cityscapes=True)
-    segmenter = Segmenter(DygraphRunner(model, options), Compose(list(transforms)),
-                          backend='dygraph')
+    segmenter = Pipeline(DygraphRunner(model, options), Compose(list(transforms)),
+                         backend='dygraph')
     mine = image_list[dist.rank()::dist.world_size()]
     logger.info(f'Predicting {len(image_list)} images into {save_dir} ...')
     # PaddleSeg's predict shows this bar; only rank 0 updates it.

@@ -20,11 +20,11 @@ from psanet import interrupts
 from psanet.core import checkpoint as ckpt
 from psanet.core import dist, run_dir
 from psanet.core.config import ComponentBuilder, load_config, set_schedule
-from psanet.core.loader import build_train_loader, raise_if_error
+from psanet.core.data_loader import build_train_loader, raise_if_error
 from psanet.core.options import TrainOptions
 from psanet.core.resume import (checkpoint_state, draw_seed, forget_best_elsewhere,
                                 refuse_another_recipe, resume, resume_changes, resume_command)
-from psanet.core.runtime import amp_enabled, autocast, on_gpu, set_device, to_plain_batchnorm
+from psanet.core.device import amp_enabled, autocast, on_gpu, set_device, to_plain_batchnorm
 from psanet.core.train_log import (Averager, check_visualdl, format_batch_size, log_evaluation,
                                    log_interval, visualdl_writer)
 from psanet.core.val import evaluate

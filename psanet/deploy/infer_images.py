@@ -1,4 +1,4 @@
-"""A :class:`~psanet.deploy.segmenter.Segmenter` over image files: the loop of
+"""A :class:`~psanet.deploy.pipeline.Pipeline` over image files: the loop of
 deploy/python/infer.py (``infer``, an export) and of predict.py (the dygraph model).
 
 Both write :func:`psanet.contract.save_prediction`'s two outputs
@@ -16,10 +16,10 @@ from psanet.contract import (check_outputs, check_save_dir, color_map, get_image
 from psanet.errors import DeployError, UnreadableImagesError
 from psanet.log import ProgressBar, get_logger
 
-from .config import DeployConfig
+from .deploy_config import DeployConfig
 from .predictor import PredictorOptions
-from .runtimes import RUNTIMES
-from .segmenter import Segmenter
+from .backends import EXPORT_BACKENDS
+from .pipeline import Pipeline
 from .timing import StageTimer, format_table
 
 __all__ = ['segment_files', 'infer']
@@ -62,7 +62,7 @@ def segment_files(segmenter, images, save_dir, colors, logger=None, timer=None, 
     raises ``UnreadableImagesError`` for the images that could not be read.
 
     Args:
-        segmenter (Segmenter): The model (an export's runner or the dygraph one).
+        segmenter (Pipeline): The model (an export's runner or the dygraph one).
         images (list): ``(image path, relative output path)`` from
             :func:`psanet.contract.get_image_list`.
         save_dir (str): Output root.
@@ -125,7 +125,7 @@ def infer(config, image_path, save_dir='./output', batch_size=1, benchmark=False
             ``print_detail``
             (:class:`psanet.deploy.predictor.PredictorOptions`), and ``backend``: 'paddle'
             (Paddle Inference, the default), 'onnxruntime' or 'openvino'
-            (:mod:`psanet.deploy.runtimes`, the runners of :class:`psanet.Segmenter`);
+            (:mod:`psanet.deploy.backends`, the runners of :class:`psanet.Segmenter`);
             with an ONNX backend ``precision='int8'`` runs the export's INT8 model.
 
     Returns:
@@ -143,15 +143,15 @@ def infer(config, image_path, save_dir='./output', batch_size=1, benchmark=False
     images = get_image_list(image_path)
     check_outputs(images, save_dir)
     backend = predictor_flags.pop('backend', None) or 'paddle'
-    if backend not in RUNTIMES:
-        raise DeployError(f'--backend must be one of {RUNTIMES}, got {backend!r}.')
+    if backend not in EXPORT_BACKENDS:
+        raise DeployError(f'--backend must be one of {EXPORT_BACKENDS}, got {backend!r}.')
     int8 = backend != 'paddle' and predictor_flags.get('precision') == 'int8'
     if int8:
         predictor_flags['precision'] = 'fp32'  # PredictorOptions describes Paddle's precision
     if predictor_flags.get('cpu_threads') is None:  # PaddleSeg's 10, cut to the cores unsaid
         predictor_flags['cpu_threads'] = min(DEFAULT_CPU_THREADS, len(os.sched_getaffinity(0)))
     options = PredictorOptions(**predictor_flags)
-    segmenter = Segmenter.from_deploy(deploy, backend, options, int8, batch_size)
+    segmenter = Pipeline.from_deploy(deploy, backend, options, int8, batch_size)
     onednn = 'on' if options.enable_mkldnn else 'off'
     engine = f'Paddle Inference, oneDNN {onednn}' if backend == 'paddle' else backend
     precision = 'int8' if int8 else options.precision

@@ -16,7 +16,7 @@ from psanet.contract import INPUT_NAME
 from psanet.errors import DeployError
 from psanet.log import get_logger
 
-from .config import DeployConfig, check_params_file
+from .deploy_config import DeployConfig, check_params_file
 
 __all__ = ['PredictorOptions', 'create_predictor', 'PaddleRunner', 'OnnxRunner', 'load_custom_op']
 
@@ -25,7 +25,7 @@ PRECISIONS = ('fp32', 'fp16', 'int8')
 
 def load_custom_op():
     """Registers the psa_mask op library, or raises DeployError saying how to get it."""
-    from psanet.ops.loader import load_library
+    from psanet.ops.library import load_library
     try:
         return load_library()
     except Exception as error:  # a failed build or a library Paddle cannot load

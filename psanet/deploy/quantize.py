@@ -21,7 +21,7 @@ from psanet.contract import DEPLOY_SECTION, get_image_list
 from psanet.errors import ConfigError
 from psanet.log import get_logger
 
-from .config import DeployConfig
+from .deploy_config import DeployConfig
 from .processing import preprocess
 
 __all__ = ['INT8_FILE', 'QUANTIZED_OPS', 'QUANTIZE_INSTALL', 'check_quantize_tools',

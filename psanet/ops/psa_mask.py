@@ -13,7 +13,7 @@ import numbers
 import paddle
 import paddle.nn as nn
 
-from .loader import load_library
+from .library import load_library
 
 __all__ = ['psa_mask', 'PSAMask', 'psa_mask_paddle', 'psa_impl', 'COLLECT', 'DISTRIBUTE',
            'BI_DIRECTIONAL', 'PSA_TYPE_NAMES', 'PSA_TYPES']

@@ -4,7 +4,7 @@
 PSA branch aggregates with (forward hooks, installed only inside the block);
 :func:`point_maps` reads the maps of one position and :func:`attention_figures`
 draws them over the image beside the prediction (the engine runs the model:
-:mod:`psanet.core.attention`, tools/visualize_attention.py). The model names
+:mod:`psanet.core.visualize_attention`, tools/visualize_attention.py). The model names
 its branches (``PSANet.attention_layers()``); this module imports nothing of
 the engine, the models or paddleseg.
 """

@@ -16,7 +16,7 @@ from psanet.contract import check_save_dir, color_map, palette_for
 from psanet.core import inference
 from psanet.core.checkpoint import load_model_weights, resolve_weights_path
 from psanet.core.config import ComponentBuilder, load_config
-from psanet.core.runtime import set_device
+from psanet.core.device import set_device
 from psanet.errors import ConfigError, DatasetError, unreadable_image
 from psanet.log import get_logger
 from psanet.models import PSANet

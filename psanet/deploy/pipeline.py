@@ -1,10 +1,10 @@
 """A segmentation model as a function from images to label maps: the runtime half of the API.
 
-:class:`Segmenter` reads images (paths or BGR arrays), applies the val
+:class:`Pipeline` reads images (paths or BGR arrays), applies the val
 transforms, runs a runner (anything with ``run(batch) -> output``) on batches of
 one size, and maps the output back to each image (:mod:`.processing`).
-``Segmenter.from_export`` runs an export in Paddle Inference, onnxruntime or
-OpenVINO (:mod:`.runtimes`); the build side plugs the dygraph model into the
+``Pipeline.from_export`` runs an export in Paddle Inference, onnxruntime or
+OpenVINO (:mod:`.backends`); the build side plugs the dygraph model into the
 same class (``psanet.core.predict.DygraphRunner``, and ``psanet.Segmenter``,
 whose ``from_config`` takes a checkpoint). predict.py, deploy/python/infer.py
 and the API all run these stages.
@@ -15,13 +15,13 @@ import numpy as np
 
 from psanet.errors import DeployError
 
-from .config import DeployConfig
+from .deploy_config import DeployConfig
 from .memory import check_attention_memory
 from .predictor import PredictorOptions
 from .processing import postprocess, preprocess, restore_logits
-from .runtimes import create_runner, default_runtime
+from .backends import create_runner, default_backend
 
-__all__ = ['Segmenter']
+__all__ = ['Pipeline']
 
 
 def _as_list(images):
@@ -85,12 +85,12 @@ def _usable_cpus():
     return os.cpu_count() or 1
 
 
-class Segmenter:
+class Pipeline:
     """A model as a function: ``seg(images)`` -> label maps, ``seg.logits(images)`` -> scores.
 
     Args:
         runner: Runs a float32 ``[N, 3, H, W]`` batch: ``runner.run(batch)`` returns the
-            model output for it (an export's runner, :mod:`psanet.deploy.runtimes`, or
+            model output for it (an export's runner, :mod:`psanet.deploy.backends`, or
             the dygraph model's, ``psanet.core.predict.DygraphRunner``).
         transforms (paddleseg.transforms.Compose): The val transforms.
         output_op (str, optional): What ``run`` returns: 'none' (logits) or 'softmax'
@@ -101,24 +101,29 @@ class Segmenter:
         backend (str, optional): What runs the model, for ``repr``: a runtime's name, or
             'dygraph'. Default: None.
         deploy (DeployConfig, optional): The export the runner runs, if any. Default: None.
+        attention_memory (AttentionMemory, optional): The export's attention maps, checked
+            against the host's free memory before each run. Default: None (not checked).
+        workdir (tempfile.TemporaryDirectory, optional): A folder removed with the pipeline
+            (``psanet.Segmenter.from_config``'s temporary export). Default: None.
     """
 
     def __init__(self, runner, transforms, output_op='none', batch_size=1, backend=None,
-                 deploy=None):
+                 deploy=None, attention_memory=None, workdir=None):
         self.runner, self.transforms, self.output_op = runner, transforms, output_op
         self.batch_size = _checked_batch_size(batch_size)
         self.backend, self.deploy = backend, deploy
+        self._attention, self._workdir = attention_memory, workdir
 
     @classmethod
     def from_export(cls, path, backend=None, device='cpu', cpu_threads=None, batch_size=1,
-                    enable_mkldnn=True, int8=False):
+                    enable_mkldnn=True, int8=False, workdir=None):
         """The export in ``path`` (deploy.yaml or its folder) in one runtime.
 
         Args:
             path (str): deploy.yaml or the folder holding it.
             backend (str, optional): The runtime: 'paddle' (Paddle Inference), 'onnxruntime'
                 or 'openvino'. Default: the fastest installed one that runs the export on
-                ``device`` (:func:`psanet.deploy.runtimes.default_runtime`).
+                ``device`` (:func:`psanet.deploy.backends.default_backend`).
             device (str, optional): 'cpu' or 'gpu'. Default: 'cpu'.
             cpu_threads (int, optional): Threads of the runtime on the CPU. Default: the
                 CPUs this process may use.
@@ -127,6 +132,7 @@ class Segmenter:
                 Default: True.
             int8 (bool, optional): Run the INT8 model the export holds (``export.py
                 --quantize int8``) on the CPU. Default: False.
+            workdir (tempfile.TemporaryDirectory, optional): As ``Pipeline``.
         """
         if int8 and device != 'cpu':
             raise DeployError('the INT8 model runs on the CPU; use device="cpu".')
@@ -137,23 +143,24 @@ class Segmenter:
         options = PredictorOptions(device=device, enable_mkldnn=bool(enable_mkldnn),
                                    cpu_threads=_usable_cpus() if cpu_threads is None
                                    else cpu_threads)
-        return cls.from_deploy(DeployConfig(path), backend, options, bool(int8), batch_size)
+        return cls.from_deploy(DeployConfig(path), backend, options, bool(int8), batch_size,
+                               workdir)
 
     @classmethod
-    def from_deploy(cls, deploy, backend=None, options=None, int8=False, batch_size=1):
+    def from_deploy(cls, deploy, backend=None, options=None, int8=False, batch_size=1,
+                    workdir=None):
         """The export ``deploy`` in ``backend`` with every runtime option
         (:class:`psanet.deploy.predictor.PredictorOptions`: TensorRT, precision, ...), as
         deploy/python/infer.py runs it; ``backend`` None picks as ``from_export`` does."""
         options = options or PredictorOptions()
         batch_size = _checked_batch_size(batch_size)  # before a runner is made
         transforms = deploy.build_transforms()
-        backend = backend or default_runtime(deploy, options.device, int8)
+        backend = backend or default_backend(deploy, options.device, int8)
         attention = deploy.attention_memory
         runner = create_runner(deploy, backend, options, int8)
-        segmenter = cls(runner, transforms, deploy.output_op, batch_size, backend, deploy)
         # The host's memory is checked; a GPU's free memory needs Paddle's CUDA calls.
-        segmenter._attention = attention if options.device == 'cpu' else None
-        return segmenter
+        return cls(runner, transforms, deploy.output_op, batch_size, backend, deploy,
+                   attention if options.device == 'cpu' else None, workdir)
 
     def __repr__(self):
         source = self.deploy.dir if self.deploy is not None else type(self.runner).__name__
@@ -206,8 +213,6 @@ class Segmenter:
                               f'{list(batch.shape)}): the runtime cannot run this input; try '
                               'another backend, or images of another size.')
         return output
-
-    _attention = None  # (input_unit, bytes_per_element) of an export's attention maps
 
     def postprocess(self, output, infos):
         """One uint8 label map per image at its size, from ``run``'s output."""

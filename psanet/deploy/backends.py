@@ -1,11 +1,11 @@
-"""The runtimes an export runs in, by name, and which one the API picks by default.
+"""The backends an export runs in, by name, and which one the API picks by default.
 
-``RUNTIMES`` names them: 'paddle' (Paddle Inference on ``model.json``),
+``EXPORT_BACKENDS`` names them: 'paddle' (Paddle Inference on ``model.json``),
 'onnxruntime' and 'openvino' (on ``model.onnx``, or on the INT8 ``model_int8.onnx``
 that :mod:`psanet.deploy.quantize` writes). ``create_runner`` returns an object
-with ``run(batch) -> output``; an optional runtime that is not installed is named
+with ``run(batch) -> output``; an optional backend that is not installed is named
 in one line with the package to install. The default order on the CPU is the
-measured one (docs/deploy.md, "Which runtime by default").
+measured one (docs/deploy.md, "Which backend by default").
 """
 import importlib.util
 import os
@@ -14,48 +14,48 @@ import numpy as np
 
 from psanet.errors import DeployError
 
-from .config import DeployConfig
+from .deploy_config import DeployConfig
 from .predictor import PaddleRunner, PredictorOptions
 from .predictor import _check_batch as check_batch
 
-__all__ = ['RUNTIMES', 'PACKAGES', 'installed', 'default_runtime', 'create_runner',
+__all__ = ['EXPORT_BACKENDS', 'PACKAGES', 'installed', 'default_backend', 'create_runner',
            'OnnxRuntimeRunner', 'OpenVinoRunner', 'unreadable_onnx']
 
-RUNTIMES = ('paddle', 'onnxruntime', 'openvino')
-# The pip package of each optional runtime (Paddle Inference comes with paddlepaddle).
+EXPORT_BACKENDS = ('paddle', 'onnxruntime', 'openvino')
+# The pip package of each optional backend (Paddle Inference comes with paddlepaddle).
 PACKAGES = {'onnxruntime': 'onnxruntime', 'openvino': 'openvino'}
 # Fastest first, as measured on the CPU by bench/bench_deploy.py (docs/deploy.md).
 CPU_ORDER = ('openvino', 'onnxruntime', 'paddle')
 
 
-def installed(runtime):
-    """True when the runtime's Python package can be imported (looked up, not imported)."""
-    if runtime == 'paddle':
+def installed(backend):
+    """True when the backend's Python package can be imported (looked up, not imported)."""
+    if backend == 'paddle':
         return True
-    return importlib.util.find_spec(PACKAGES[runtime]) is not None
+    return importlib.util.find_spec(PACKAGES[backend]) is not None
 
 
-def _needs_package(runtime, what):
-    return DeployError(f'{what} needs {runtime}, which is not installed: '
-                       f'pip install {PACKAGES[runtime]}')
+def _needs_package(backend, what):
+    return DeployError(f'{what} needs {backend}, which is not installed: '
+                       f'pip install {PACKAGES[backend]}')
 
 
-def default_runtime(deploy, device='cpu', int8=False):
-    """The runtime an export runs in when none is named.
+def default_backend(deploy, device='cpu', int8=False):
+    """The backend an export runs in when none is named.
 
     On the CPU the fastest installed one that can run the export: the ONNX
-    runtimes need ``model.onnx`` (or ``model_int8.onnx`` for INT8); Paddle
+    backends need ``model.onnx`` (or ``model_int8.onnx`` for INT8); Paddle
     Inference runs every export. On the GPU, Paddle Inference.
     """
     if device != 'cpu':
         return 'paddle'
     has_onnx = (deploy.onnx_int8 if int8 else deploy.onnx) is not None
-    for runtime in CPU_ORDER:
-        if runtime == 'paddle':
+    for backend in CPU_ORDER:
+        if backend == 'paddle':
             if not int8:  # the INT8 model is an ONNX model
-                return runtime
-        elif has_onnx and installed(runtime):
-            return runtime
+                return backend
+        elif has_onnx and installed(backend):
+            return backend
     if not has_onnx:
         raise DeployError(f'{deploy.path} names no INT8 model; quantise the export first: '
                           'export.py ... --psa_impl paddle --onnx --quantize int8 '
@@ -63,52 +63,52 @@ def default_runtime(deploy, device='cpu', int8=False):
     raise _needs_package('onnxruntime', 'the INT8 model')
 
 
-def create_runner(deploy, runtime, options=None, int8=False):
-    """A runner of ``deploy`` in ``runtime`` ('paddle', 'onnxruntime' or 'openvino').
+def create_runner(deploy, backend, options=None, int8=False):
+    """A runner of ``deploy`` in ``backend`` ('paddle', 'onnxruntime' or 'openvino').
 
     Args:
         deploy (DeployConfig|str): The export.
-        runtime (str): One of ``RUNTIMES``.
+        backend (str): One of ``EXPORT_BACKENDS``.
         options (PredictorOptions, optional): device, threads, oneDNN (Paddle Inference).
             Default: ``PredictorOptions()``.
-        int8 (bool, optional): Run the quantised ``model_int8.onnx`` (CPU, ONNX runtimes).
+        int8 (bool, optional): Run the quantised ``model_int8.onnx`` (CPU, ONNX backends).
             Default: False.
     """
     deploy = deploy if isinstance(deploy, DeployConfig) else DeployConfig(deploy)
     options = options or PredictorOptions()
-    if runtime not in RUNTIMES:
-        raise DeployError(f'the backend must be one of {RUNTIMES}, got {runtime!r}.')
-    if runtime == 'paddle':
+    if backend not in EXPORT_BACKENDS:
+        raise DeployError(f'the backend must be one of {EXPORT_BACKENDS}, got {backend!r}.')
+    if backend == 'paddle':
         if int8:
             raise DeployError('the INT8 model is an ONNX model: run it with onnxruntime or '
                               'openvino (backend onnxruntime).')
         return PaddleRunner(deploy, options)
-    if runtime == 'openvino' and options.device != 'cpu':
-        raise DeployError('the openvino runtime runs on the CPU here; use device="cpu", or '
+    if backend == 'openvino' and options.device != 'cpu':
+        raise DeployError('the openvino backend runs on the CPU here; use device="cpu", or '
                           'backend="paddle" on the GPU.')
-    if not installed(runtime):
-        raise _needs_package(runtime, f'backend {runtime!r}')
+    if not installed(backend):
+        raise _needs_package(backend, f'backend {backend!r}')
     path = deploy.onnx_int8 if int8 else deploy.onnx
     fix = ('quantise it: export.py ... --psa_impl paddle --onnx --quantize int8 '
            '--calib_images <folder>' if int8 else
            'export with `--psa_impl paddle --onnx`')
     if path is None:
         raise DeployError(f'{deploy.path} names no {"INT8 " if int8 else ""}'
-                          f'ONNX model, which {runtime} runs; {fix}.')
+                          f'ONNX model, which {backend} runs; {fix}.')
     if not os.path.isfile(path):
         raise DeployError(f'{deploy.path} names {os.path.basename(path)}, which is missing '
                           f'({path}); copy the whole export folder, or {fix} again.')
-    cls = OnnxRuntimeRunner if runtime == 'onnxruntime' else OpenVinoRunner
+    cls = OnnxRuntimeRunner if backend == 'onnxruntime' else OpenVinoRunner
     return cls(path, deploy.input_shape, options)
 
 
-def unreadable_onnx(path, runtime, error):
-    """The DeployError of an ONNX file ``runtime`` cannot read: empty, cut short, or not ONNX."""
+def unreadable_onnx(path, backend, error):
+    """The DeployError of an ONNX file ``backend`` cannot read: empty, cut short, or not ONNX."""
     size = os.path.getsize(path)
     what = 'is empty' if size == 0 else f'({size} bytes) cannot be read as an ONNX model'
     reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else \
         type(error).__name__
-    return DeployError(f'{path} {what} by {runtime} ({reason}): it was cut short (an '
+    return DeployError(f'{path} {what} by {backend} ({reason}): it was cut short (an '
                        'interrupted copy, download or export, or a full disk) or is another '
                        'file; export the model again (export.py ... --psa_impl paddle --onnx'
                        f'{" --quantize int8 ..." if "int8" in os.path.basename(path) else ""}), '
