@@ -1,13 +1,14 @@
-"""Which way the imports point: a one-way module graph, light leaves, a runtime without the engine.
+"""Which way the imports point: docs/design.md's layering table, rule for rule, and light imports.
 
 The static checks read every ``import psanet...`` / ``from psanet... import``
-/ ``from . import`` statement in psanet/**/*.py (module level or inside a
-function alike); the others import in a fresh interpreter and look at
-``sys.modules``.
+/ ``from . import`` statement in psanet/**/*.py, at module level and inside
+functions, against the table that docs/design.md holds; the others import in a
+fresh interpreter and look at ``sys.modules``.
 """
 import ast
 import json
 import os
+import re
 import sys
 
 import pytest
@@ -15,22 +16,8 @@ import pytest
 from conftest import ROOT, run_process
 
 PACKAGE = os.path.join(ROOT, 'psanet')
-# Leaves: what every layer may import. errors and log import nothing of ours;
-# contract and interrupts raise errors, cli runs commands with errors, log and interrupts.
-LEAVES = {
-    'psanet.errors': set(),
-    'psanet.compat': set(),
-    'psanet.log': set(),
-    'psanet.contract': {'psanet.errors'},
-    'psanet.interrupts': {'psanet.errors'},
-    # cli also names the op loader's error: an op cache that cannot be written is one line.
-    'psanet.cli': {'psanet.compat', 'psanet.errors', 'psanet.log', 'psanet.interrupts',
-                   'psanet.ops.library'},
-}
-# What the deploy runtime may import besides itself.
-RUNTIME_MAY_IMPORT = {'psanet.compat', 'psanet.contract', 'psanet.errors', 'psanet.interrupts',
-                      'psanet.log', 'psanet.ops.library'}
-# What importing the runtime, the op package or setup.py must not load: the training stack.
+DESIGN = os.path.join(ROOT, 'docs', 'design.md')
+# What importing the deploy package, the op package or setup.py must not load: the training stack.
 ENGINE_PREFIXES = ('paddleseg', 'psanet.models', 'psanet.core', 'psanet.data', 'psanet.export')
 
 
@@ -49,17 +36,31 @@ def _modules():
     return found
 
 
-def _imports(name, path, modules):
-    """The psanet modules ``name`` imports, anywhere in its file."""
+def _import_nodes(tree):
+    """``(node, inside_a_function)`` for every import statement of a module's tree."""
+    def walk(node, inside):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                yield child, inside
+            yield from walk(child, inside or isinstance(
+                child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+    yield from walk(tree, False)
+
+
+def _imports(name, path, modules, inside=None):
+    """The psanet modules ``name`` imports: anywhere in its file (``inside`` None), at module
+    level (False) or inside a function only (True)."""
     is_package = os.path.basename(path) == '__init__.py'
     package = name if is_package else name.rpartition('.')[0]
     with open(path) as f:
         tree = ast.parse(f.read(), path)
     found = set()
-    for node in ast.walk(tree):
+    for node, in_function in _import_nodes(tree):
+        if inside is not None and in_function != inside:
+            continue
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
+        else:
             if node.level:
                 base = package.split('.')
                 base = base[:len(base) - node.level + 1]
@@ -69,8 +70,6 @@ def _imports(name, path, modules):
             # `from a import b`: the module a.b when there is one, else a.
             targets = [f'{source}.{alias.name}' if f'{source}.{alias.name}' in modules
                        else source for alias in node.names]
-        else:
-            continue
         found.update(t for t in targets if t == 'psanet' or t.startswith('psanet.'))
     found.discard(name)
     return found
@@ -80,6 +79,77 @@ def _imports(name, path, modules):
 def graph():
     modules = _modules()
     return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+def read_layering(path=DESIGN):
+    """docs/design.md's layering table: ``{part: (module-level imports, function-only)}``."""
+    with open(path, encoding='utf-8') as f:
+        text = f.read()
+    begin, end = '<!-- layering: read by tests/test_imports.py -->', '<!-- end of layering -->'
+    assert begin in text and end in text, f'{path} has lost its layering table'
+    rows = [line for line in text.split(begin)[1].split(end)[0].splitlines()
+            if line.startswith('| `')]
+    layering = {}
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip().strip('|').split('|')]
+        assert len(cells) == 3, row
+        part = re.match(r'`([\w.]+)`', cells[0]).group(1)
+        names = [set(re.findall(r'`([\w.]+)`', cell)) for cell in cells[1:]]
+        layering[part] = tuple(names)
+    return layering
+
+
+@pytest.fixture(scope='module')
+def layering():
+    return read_layering()
+
+
+def _part_of(module, parts):
+    """The longest part name that is ``module`` or a package above it."""
+    owners = [p for p in parts if module == p or module.startswith(p + '.')]
+    return max(owners, key=len) if owners else None
+
+
+def _allowed(target, names):
+    return any(target == n or target.startswith(n + '.') for n in names)
+
+
+def _layering_breaks(modules, layering, inside):
+    """``module -> target`` imports the table does not allow at that level."""
+    broken = []
+    for name, path in sorted(modules.items()):
+        part = _part_of(name, layering)
+        module_level, in_function = layering[part]
+        allowed = module_level | in_function if inside else module_level
+        for target in sorted(_imports(name, path, modules, inside=inside)):
+            if _part_of(target, layering) != part and not _allowed(target, allowed):
+                broken.append(f'{name} -> {target}')
+    return broken
+
+
+def test_every_module_has_a_row_in_the_layering_table(layering):
+    modules = _modules()
+    assert not [name for name in modules if _part_of(name, layering) is None]
+    named = set().union(*(a | b for a, b in layering.values()))
+    assert not [n for n in named | set(layering) if not any(
+        m == n or m.startswith(n + '.') for m in modules)], 'a row names no module'
+
+
+def test_module_level_imports_follow_the_layering_table(layering):
+    assert not _layering_breaks(_modules(), layering, inside=False)
+
+
+def test_imports_inside_functions_follow_the_layering_table(layering):
+    assert not _layering_breaks(_modules(), layering, inside=True)
+
+
+def test_the_layering_table_runs_one_way(layering):
+    # A part imports only parts above it in the table: no cycle can form through the rows.
+    order = list(layering)
+    for part, (module_level, in_function) in layering.items():
+        for name in module_level | in_function:
+            below = _part_of(name, layering)
+            assert order.index(below) < order.index(part), f'{part} -> {name}'
 
 
 def test_the_package_has_no_import_cycle(graph):
@@ -98,35 +168,24 @@ def test_the_package_has_no_import_cycle(graph):
         visit(name, [])
 
 
-@pytest.mark.parametrize('leaf', sorted(LEAVES))
-def test_the_leaves_import_only_the_leaves_below_them(graph, leaf):
-    assert graph[leaf] <= LEAVES[leaf], graph[leaf] - LEAVES[leaf]
+def test_no_two_modules_share_a_file_name():
+    names = {}
+    for name, path in _modules().items():
+        if os.path.basename(path) != '__init__.py':
+            names.setdefault(os.path.basename(path), []).append(name)
+    assert not {k: v for k, v in names.items() if len(v) > 1}
 
 
-def test_the_runtime_imports_neither_the_engine_nor_the_models_nor_export(graph):
-    for name, targets in graph.items():
-        if name.startswith('psanet.deploy'):
-            outside = {t for t in targets if not t.startswith('psanet.deploy')}
-            assert outside <= RUNTIME_MAY_IMPORT, (name, outside - RUNTIME_MAY_IMPORT)
-
-
-# Export is the top of the build side: only the Python API's from_config, an entry point
-# like export.py, reaches it (inside the method, so that the API loads light).
-EXPORT_USERS = {'psanet.api'}
-
-
-def test_nothing_but_the_api_imports_export(graph):
-    assert not [name for name, targets in graph.items()
-                if 'psanet.export' in targets and name not in EXPORT_USERS]
-
-
-def test_ops_import_nothing_of_ours_and_models_only_ops_and_errors(graph):
-    for name, targets in graph.items():
-        if name.startswith('psanet.ops'):
-            assert all(t.startswith('psanet.ops') for t in targets), (name, targets)
-        if name.startswith('psanet.models'):
-            assert all(t.startswith(('psanet.models', 'psanet.ops')) or
-                       t in ('psanet.errors', 'psanet.compat') for t in targets), (name, targets)
+def test_the_data_tools_import_no_paddle():
+    for name, path in _modules().items():
+        if name.startswith('psanet.data'):
+            with open(path) as f:
+                tree = ast.parse(f.read(), path)
+            for node, _ in _import_nodes(tree):
+                sources = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                           else [node.module or ''])
+                assert not [s for s in sources if s.split('.')[0] in ('paddle', 'paddleseg')], \
+                    (name, sources)
 
 
 def _loaded_after(code):
