@@ -140,15 +140,15 @@ call ``shut_down_loader`` (10); tools/evaluate_cityscapes.py calls
 ``cityscapes_evaluator_fix`` (11). The op's own (4 to 7) live with the op,
 which imports nothing of ours. This module imports nothing of ours, and paddle
 (to check its version) and paddleseg only inside the functions that need them:
-importing it is light, and the runtime may import it without the training stack.
+importing it is light, and the deploy package may import it without the training stack.
 
 To retire a workaround once upstream fixes it, set ``fixed`` of its record to
 the first good version (its check then turns it off there), and delete it
-when no supported version needs it. tests/test_compat.py has, for 2, 3, 8,
-9 and 12 to 18, a test that fails as soon as this Paddle no longer needs it
-(or needs it where its record says not). The gates were set from runs on
-Paddle 3.0.0, 3.1.1, 3.2.2 and 3.3.1. paddleseg.core is not patched: psanet.core
-is the engine, on paddleseg's components.
+when no supported version needs it. tests/test_compat.py has, for 2, 3, 8, 9,
+12 to 18 and 20 to 23 (19: tests/test_memory.py), a test that fails as soon as
+this Paddle no longer needs it (or needs it where its record says not). The gates
+were set from runs on Paddle 3.0.0, 3.1.1, 3.2.2 and 3.3.1. paddleseg.core is not
+patched: psanet.core is the engine, on paddleseg's components.
 """
 import contextlib
 import re

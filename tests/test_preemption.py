@@ -11,7 +11,7 @@ launcher non-zero, both ranks after the same step, whose checkpoint exists
 once and whole. One more launch trains uninterrupted and then resumes from
 every trial's checkpoint: each resumed run's per-iteration losses must equal
 the uninterrupted ones. ``PSANET_PREEMPTION_TRIALS`` sets the trial count
-(at least 10 by default).
+(10 by default, at least 1).
 """
 import json
 import os
