@@ -1,10 +1,10 @@
 """PSANet (Point-wise Spatial Attention Network) for PaddlePaddle and PaddleSeg.
 
 Importing the package loads nothing else; ``from psanet import Segmenter`` loads
-the Python API (:mod:`psanet.api`) and the deploy runtime at that moment, and
+the Python API (:mod:`psanet.api`) and the deploy package at that moment, and
 ``Segmenter.from_config`` the model code when it is called.
 ``import psanet.models`` registers ``type: PSANet`` with paddleseg (for a
-PaddleSeg script of one's own); the engine does it where it builds a config.
+PaddleSeg script of one's own); every module of ours that needs the model imports it.
 
 A Paddle below the supported range stops the import with one line saying what
 to install: its version is read from the installed package's metadata, because

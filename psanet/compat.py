@@ -132,8 +132,8 @@ Below Paddle 3.0 ``import psanet`` stops with one line saying what to install
 (psanet/__init__.py), before anything imports Paddle: Paddle 2.6's libpaddle.so
 exports its own zlib, and numpy, scipy and OpenCV crash or misread PNGs after it.
 
-Importing this module filters the warnings (1, 20); ``import psanet.models`` (which
-the engine's config building does) says in one line what to install when
+Importing this module filters the warnings (1, 20); ``import psanet.models`` (by
+every module of ours that needs the model) says in one line what to install when
 paddleseg is missing (``require_paddleseg``) and applies the paddleseg fixes (8,
 9); the predictor calls ``configure_inference`` (2, 3); the engine's loaders
 call ``shut_down_loader`` (10); tools/evaluate_cityscapes.py calls

@@ -4,7 +4,7 @@ A :class:`UserError` is an input the user can fix; its message names the file
 or flag and the fix, and :func:`psanet.cli.run_cli` prints it as one
 ``error: ...`` line with exit code 2. Any other exception is a bug and keeps
 its traceback. This module imports nothing of ours, so every layer (models,
-engine, export, deploy runtime, data tools) raises the same types.
+engine, export, the deploy package, data tools) raises the same types.
 """
 import signal
 

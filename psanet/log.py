@@ -135,7 +135,7 @@ def log_file(path, main_process=True):
 class ProgressBar:
     """A one-line progress bar on stderr in paddleseg's ``Progbar`` form
     (``3/10 [=====>........] - ETA: 2s``, then ``10/10 [====] - 4s 400ms/image``), for
-    the code that must not import paddleseg (the deploy runtime, weight downloads).
+    the code that must not import paddleseg (the deploy package, weight downloads).
 
     Args:
         total (int): the count at the end (images, bytes).

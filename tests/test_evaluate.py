@@ -1,4 +1,4 @@
-"""psanet.core.val / metrics / infer and val.py, against independent numpy computations."""
+"""psanet.core.val / metrics / inference and val.py, against independent numpy computations."""
 import glob
 import logging
 import os

@@ -2,7 +2,8 @@
 loading one to resume exactly, and the command line that resumes.
 
 :func:`resume` loads ``--resume_model`` into the model, optimizer and LR
-scheduler and returns the :class:`RunState` to go on from; :func:`checkpoint_state`
+scheduler and returns the :class:`RunState` to go on from and the checkpoint's
+train_state; :func:`checkpoint_state`
 is what an iter_N checkpoint records for that (docs/training.md).
 """
 import os

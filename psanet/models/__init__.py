@@ -1,4 +1,4 @@
-"""Model components. Importing this package registers them in paddleseg's manager.MODELS
+"""The PSANet model. Importing this package registers PSANet in paddleseg's manager.MODELS
 and applies psanet.compat's paddleseg fixes, as PaddleSeg's own model modules register."""
 from psanet import compat
 
