@@ -1,4 +1,4 @@
-"""CPU inference speed of PSANet in every runtime: dygraph, Paddle Inference (oneDNN off / on),
+"""CPU inference speed of PSANet in every backend: dygraph, Paddle Inference (oneDNN off / on),
 onnxruntime, OpenVINO, and the INT8 model in onnxruntime and OpenVINO.
 
     python bench/bench_deploy.py [--config CFG] [--model_path PDPARAMS] [--val]
@@ -8,14 +8,14 @@ onnxruntime, OpenVINO, and the INT8 model in onnxruntime and OpenVINO.
 Protocol (docs/deploy.md, "Benchmark protocol"): one model, exported once with the
 custom op and once with the pure-Paddle op (+ model.onnx, + model_int8.onnx
 quantised on calibration images that are not the measured ones); the same
-preprocessed batches go through every runtime. Each runtime first runs --warmup
-untimed batches; then each round runs every runtime over all batches, runtimes
+preprocessed batches go through every backend. Each backend first runs --warmup
+untimed batches; then each round runs every backend over all batches, backends
 interleaved, so that load from other processes falls on all of them alike. A
 time is one batch through the model alone (input already preprocessed, output
-copied to numpy); latency is per batch, images/s counts images. Each runtime's
+copied to numpy); latency is per batch, images/s counts images. Each backend's
 output is compared with the dygraph model's logits (class agreement per pixel,
 largest difference); with --val the images are the config's val set and each
-runtime's mIoU against the labels is printed too.
+backend's mIoU against the labels is printed too.
 """
 import argparse
 import glob
@@ -43,7 +43,7 @@ def parse_args():
     parser.add_argument('--size', type=int, nargs=2, default=(256, 128), metavar=('W', 'H'))
     parser.add_argument('--batch_size', type=int, default=1)
     parser.add_argument('--rounds', type=int, default=3)
-    parser.add_argument('--warmup', type=int, default=2, help='Untimed batches per runtime.')
+    parser.add_argument('--warmup', type=int, default=2, help='Untimed batches per backend.')
     parser.add_argument('--cpu_threads', type=int, default=1)
     parser.add_argument('--calib_num', type=int, default=32, help='INT8 calibration images.')
     return parser.parse_args()
@@ -91,7 +91,7 @@ def main():
 
 
 def run(args, work):
-    # Before Paddle loads its math libraries: every runtime gets the same threads.
+    # Before Paddle loads its math libraries: every backend gets the same threads.
     for name in ('OMP_NUM_THREADS', 'MKL_NUM_THREADS', 'OPENBLAS_NUM_THREADS'):
         os.environ[name] = str(args.cpu_threads)
     import cv2
@@ -145,41 +145,41 @@ def run(args, work):
             return model(paddle.to_tensor(x))[0].numpy()
 
     options = PredictorOptions(cpu_threads=args.cpu_threads)
-    runtimes = [('dygraph, custom op', dygraph)]
+    backends = [('dygraph, custom op', dygraph)]
     for impl in ('custom', 'paddle'):
         for mkldnn in (False, True):
             runner = PaddleRunner(exports[impl], PredictorOptions(
                 enable_mkldnn=mkldnn, cpu_threads=args.cpu_threads))
-            runtimes.append((f'Paddle Inference, {impl} op, oneDNN {"on" if mkldnn else "off"}',
+            backends.append((f'Paddle Inference, {impl} op, oneDNN {"on" if mkldnn else "off"}',
                              runner.run))
     paddle_export = DeployConfig(exports['paddle'])
-    for runtime in ('onnxruntime', 'openvino') if onnx else ():
-        if not installed(runtime):
-            skipped.append(f'{runtime} (pip install {PACKAGES[runtime]})')
+    for backend in ('onnxruntime', 'openvino') if onnx else ():
+        if not installed(backend):
+            skipped.append(f'{backend} (pip install {PACKAGES[backend]})')
             continue
-        runtimes.append((f'{runtime}, ONNX, pure-Paddle op',
-                         create_runner(paddle_export, runtime, options).run))
-        if runtime == 'openvino':
+        backends.append((f'{backend}, ONNX, pure-Paddle op',
+                         create_runner(paddle_export, backend, options).run))
+        if backend == 'openvino':
             import openvino
             from openvino.frontend import FrontEndManager
             if FrontEndManager().load_by_framework('paddle').supported(paddle_export.model):
                 runner = OpenVinoRunner(paddle_export.model, paddle_export.input_shape, options)
-                runtimes.append(('openvino, model.json, pure-Paddle op', runner.run))
+                backends.append(('openvino, model.json, pure-Paddle op', runner.run))
             else:
                 version = openvino.__version__.split('-')[0]
                 skipped.append(f"openvino on model.json (OpenVINO {version}'s "
                                "Paddle frontend does not read Paddle 3's model.json)")
         if paddle_export.onnx_int8:
-            runtimes.append((f'{runtime}, INT8 ONNX (convolutions)',
-                             create_runner(paddle_export, runtime, options, int8=True).run))
+            backends.append((f'{backend}, INT8 ONNX (convolutions)',
+                             create_runner(paddle_export, backend, options, int8=True).run))
 
     reference = [dygraph(x) for x in batches]
     truths = None
     if label_paths:
         truths = [cv2.imread(path, cv2.IMREAD_GRAYSCALE) for path in label_paths]
-    times = {name: [] for name, _ in runtimes}
+    times = {name: [] for name, _ in backends}
     quality = {}
-    for name, run in runtimes:
+    for name, run in backends:
         for _ in range(args.warmup):
             run(batches[0])
         outputs = [run(x) for x in batches]
@@ -189,13 +189,13 @@ def run(args, work):
             float(max(np.abs(o - r).max() for o, r in zip(outputs, reference))),
             _miou(labels, truths, outputs[0].shape[1]) if truths else None)
     for _ in range(args.rounds):
-        for name, run in runtimes:
+        for name, run in backends:
             for x in batches:
                 start = time.perf_counter()
                 run(x)
                 times[name].append((time.perf_counter() - start) * 1000.0)
 
-    base = np.sum(times[runtimes[0][0]])
+    base = np.sum(times[backends[0][0]])
     source = 'val images of the config' if args.val else 'generated images'
     print(f'PSANet {os.path.basename(config)}, weights {args.model_path or "initial"}, '
           f'{len(images)} {source} of {singles[0].shape[3]}x{singles[0].shape[2]}, batch '
@@ -205,10 +205,10 @@ def run(args, work):
           f'paddle {paddle.__version__}, load average {os.getloadavg()[0]:.1f} on '
           f'{os.cpu_count()} CPUs')
     miou = ' mIoU |' if truths else ''
-    print(f'| runtime | images/s | p50 ms/batch | p90 ms/batch | speed-up vs dygraph '
+    print(f'| backend | images/s | p50 ms/batch | p90 ms/batch | speed-up vs dygraph '
           f'| pixels as dygraph | max abs logit diff |{miou}')
     print('|---|---|---|---|---|---|---|' + ('---|' if truths else ''))
-    for name, _ in runtimes:
+    for name, _ in backends:
         values = np.asarray(times[name])
         agree, diff, score = quality[name]
         images_per_s = args.rounds * len(images) / (values.sum() / 1000.0)

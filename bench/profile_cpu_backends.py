@@ -1,6 +1,6 @@
 """Where the CPU time goes, per operator type: onnxruntime vs Paddle Inference with oneDNN.
 
-    python bench/profile_cpu_runtimes.py --export DIR [--image IMAGE] [--runs 10] [--cpu_threads 1]
+    python bench/profile_cpu_backends.py --export DIR [--image IMAGE] [--runs 10] [--cpu_threads 1]
 
 DIR is an export with model.onnx (export.py --psa_impl paddle --onnx). onnxruntime's
 profiler and Paddle Inference's (``Config.enable_profile``, its table printed when the
@@ -42,7 +42,7 @@ def main():
     else:
         batch = np.random.RandomState(0).uniform(-1, 1, (1, 3, 128, 256)).astype('float32')
     # Both profilers write files into the working folder: a temporary one.
-    os.chdir(tempfile.mkdtemp(prefix='profile_cpu_runtimes_'))
+    os.chdir(tempfile.mkdtemp(prefix='profile_cpu_backends_'))
 
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = args.cpu_threads
