@@ -15,21 +15,26 @@ import pytest
 from conftest import ROOT, run_process
 
 PACKAGE = os.path.join(ROOT, 'psanet')
-# Leaves: what every layer may import. errors and log import nothing of ours;
-# contract and interrupts raise errors, cli runs commands with errors, log and interrupts.
+# Leaves: what every layer may import. errors and log import nothing of ours; files and
+# interrupts raise errors, contract writes predictions through files, cli runs commands with
+# errors, log and interrupts.
 LEAVES = {
     'psanet.errors': set(),
     'psanet.compat': set(),
     'psanet.log': set(),
-    'psanet.contract': {'psanet.errors'},
+    'psanet.files': {'psanet.errors'},
+    'psanet.contract': {'psanet.errors', 'psanet.files'},
     'psanet.interrupts': {'psanet.errors'},
     # cli also names the op loader's error: an op cache that cannot be written is one line.
     'psanet.cli': {'psanet.compat', 'psanet.errors', 'psanet.log', 'psanet.interrupts',
                    'psanet.ops.library'},
 }
 # What the deploy runtime may import besides itself.
-RUNTIME_MAY_IMPORT = {'psanet.compat', 'psanet.contract', 'psanet.errors', 'psanet.interrupts',
-                      'psanet.log', 'psanet.ops.library'}
+RUNTIME_MAY_IMPORT = {'psanet.compat', 'psanet.contract', 'psanet.errors', 'psanet.files',
+                      'psanet.interrupts', 'psanet.log', 'psanet.ops.library'}
+# What the data tools (dataset checks, Cityscapes preparation, the mini dataset) may import
+# besides themselves: they run without Paddle, the engine or the contract.
+DATA_TOOLS_MAY_IMPORT = {'psanet.errors', 'psanet.files', 'psanet.interrupts'}
 # What importing the runtime, the op package or setup.py must not load: the training stack.
 ENGINE_PREFIXES = ('paddleseg', 'psanet.models', 'psanet.core', 'psanet.data', 'psanet.export')
 
@@ -113,6 +118,13 @@ def test_the_runtime_imports_neither_the_engine_nor_the_models_nor_export(graph)
 # Export is the top of the build side: only the Python API's from_config, an entry point
 # like export.py, reaches it (inside the method, so that the API loads light).
 EXPORT_USERS = {'psanet.api'}
+
+
+def test_the_data_tools_import_only_errors_files_and_interrupts(graph):
+    for name, targets in graph.items():
+        if name.startswith('psanet.data'):
+            outside = {t for t in targets if not t.startswith('psanet.data')}
+            assert outside <= DATA_TOOLS_MAY_IMPORT, (name, outside - DATA_TOOLS_MAY_IMPORT)
 
 
 def test_nothing_but_the_api_imports_export(graph):
@@ -210,6 +222,14 @@ def test_importing_the_models_registers_psanet_with_paddleseg():
             'from paddleseg.cvlibs import manager\n'
             "assert manager.MODELS['PSANet'] is psanet.models.PSANet")
     assert 'psanet.models.psanet' in _loaded_after(code)
+
+
+def test_the_save_dir_lock_and_the_checkpoints_load_no_paddleseg():
+    # A run's folder is locked and its checkpoints listed before any config is built.
+    loaded = _loaded_after('import psanet.core.run_dir\nimport psanet.core.checkpoint')
+    assert 'psanet.core.run_dir' in loaded and 'psanet.core.checkpoint' in loaded
+    assert not [m for m in loaded if m.startswith(('paddleseg', 'psanet.core.config',
+                                                   'psanet.models'))], loaded
 
 
 def test_importing_the_engine_package_loads_none_of_its_modules():
