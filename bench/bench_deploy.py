@@ -98,7 +98,7 @@ def run(args, work):
     import numpy as np
     import paddle
     import psanet.compat  # noqa: F401  (filters Paddle's ccache notice)
-    from psanet.core.checkpoint import load_model_weights
+    from psanet.core.weights import load_model_weights
     from psanet.core.config import ComponentBuilder, load_config
     from psanet.deploy.deploy_config import DeployConfig
     from psanet.deploy.predictor import PaddleRunner, PredictorOptions

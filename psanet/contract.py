@@ -1,38 +1,28 @@
 """What the engine, export and the deploy runtime agree on, in one small module.
 
-The files an export writes and ``deploy.yaml`` names, the input name and
-output ops of the exported graph, the palettes of predictions and which
-dataset gets which, which files count as images to predict, and how a JSON
-file or an image is read and a prediction written
-(``<save_dir>/pseudo_color_prediction/<rel>.png``, a palette PNG of class ids,
-and ``<save_dir>/added_prediction/<rel>``, the image blended with the class
-colours), and how a file or a folder is written whole (a hidden temporary beside
-it, then renamed in). It imports only :mod:`psanet.errors` of ours, so the
-runtime and the data tools can use it without the engine.
+The files of an export and ``deploy.yaml``'s names, the exported graph's input name and
+output ops, the palettes and which dataset gets which, which files are images to predict,
+how a JSON file or an image is read, and a prediction's two files (a palette PNG of class
+ids in ``<save_dir>/pseudo_color_prediction/``, the image blended with the class colours in
+``<save_dir>/added_prediction/``). It imports only :mod:`psanet.errors` and
+:mod:`psanet.files` of ours, so the runtime can use it without the engine.
 """
 import contextlib
-import errno
 import io
 import json
 import os
-import re
-import secrets
-import shutil
-import tempfile
 
 import cv2
 import numpy as np
 from PIL import Image
 
-from psanet.errors import ConfigError, DatasetError, DiskFullError
+from psanet.errors import ConfigError, DatasetError
+from psanet.files import make_output_dir, write_bytes, write_image
 
 __all__ = ['DEPLOY_FILE', 'DEPLOY_SECTION', 'PROGRAM_FILE', 'PARAMS_FILE', 'ONNX_FILE',
            'INPUT_NAME', 'DYNAMIC_INPUT_SHAPE', 'DEFAULT_TRANSFORMS', 'OUTPUT_OPS', 'PALETTES',
-           'IMAGE_EXTENSIONS', 'TEMP_MARK', 'RETIRED_SUFFIX', 'PREVIOUS', 'palette_for',
-           'get_image_list', 'output_paths', 'check_outputs', 'color_map', 'check_save_dir',
-           'check_output_file', 'read_json', 'read_images', 'make_output_dir', 'fsync',
-           'raise_if_disk_full', 'write_file_whole', 'write_folder', 'write_bytes', 'write_image',
-           'save_prediction']
+           'IMAGE_EXTENSIONS', 'palette_for', 'get_image_list', 'output_paths', 'check_outputs',
+           'color_map', 'read_json', 'read_images', 'save_prediction']
 
 # The files of an export, all in one folder: what paddle.jit.save writes on
 # Paddle 3 (the PIR program and its parameters), the optional ONNX model, and
@@ -52,21 +42,12 @@ DEFAULT_TRANSFORMS = ({'type': 'Normalize'}, )
 OUTPUT_OPS = ('argmax', 'softmax', 'none')
 PALETTES = ('cityscapes', 'default')
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp')
-# Marks the hidden temporaries of a file or folder written whole: `.<name>.tmp-<pid>...`;
-# a folder being replaced waits in `.<name>.old.tmp-<pid>-*/previous` until the swap is done.
-TEMP_MARK = '.tmp-'
-RETIRED_SUFFIX = '.old'
-PREVIOUS = 'previous'
 
 
 def palette_for(dataset_class):
-    """The palette of a dataset's predictions: 'cityscapes' for Cityscapes, else 'default'.
-
-    predict.py and export.py (for deploy.yaml's ``palette``) both decide with this.
-
-    Args:
-        dataset_class (type | None): the val dataset's class; None when the config has none.
-    """
+    """The palette of the predictions of ``dataset_class`` (the val dataset's class; None when
+    the config has none): 'cityscapes' for Cityscapes, else 'default'. predict.py and
+    export.py (for deploy.yaml's ``palette``) both decide with this."""
     # By class name along the MRO rather than issubclass, so this leaf needs no paddleseg.
     is_cityscapes = dataset_class is not None and any(
         klass.__name__ == 'Cityscapes' for klass in dataset_class.__mro__)
@@ -82,14 +63,12 @@ def _read_list_lines(image_path, flag):
     naming what ``flag`` takes."""
     with open(image_path, 'rb') as f:
         data = f.read()
-    try:
-        if b'\0' in data:
-            raise UnicodeDecodeError('utf-8', data, 0, 1, 'NUL byte')
-        return data.decode('utf-8').splitlines()
-    except UnicodeDecodeError:
-        raise ConfigError(f'{flag} {image_path} is neither an image '
-                          f'({", ".join(IMAGE_EXTENSIONS)}) nor a text file listing images: pass '
-                          'an image, a folder of images, or a list file.') from None
+    if b'\0' not in data:
+        with contextlib.suppress(UnicodeDecodeError):
+            return data.decode('utf-8').splitlines()
+    raise ConfigError(f'{flag} {image_path} is neither an image ({", ".join(IMAGE_EXTENSIONS)}) '
+                      'nor a text file listing images: pass an image, a folder of images, or a '
+                      'list file.')
 
 
 def _list_entry(line, base, image_path, number):
@@ -166,13 +145,9 @@ def output_paths(relative, save_dir):
 
 
 def check_outputs(images, save_dir):
-    """Raises ConfigError, before any work, when two images would write the same output
-    (``a.png`` and ``a.jpg`` both give ``a.png``) or an output would land outside
-    ``save_dir`` or on an input image, naming the images.
-
-    Args:
-        images (list): ``(image path, relative path)`` of :func:`get_image_list`.
-        save_dir (str): the output root.
+    """Raises ConfigError, before any work, when two of ``images`` (the pairs of
+    :func:`get_image_list`) would write the same output (``a.png`` and ``a.jpg`` both give
+    ``a.png``) or an output would land outside ``save_dir`` or on an input image, naming them.
     """
     root = os.path.realpath(save_dir)
     inputs = {os.path.realpath(path): path for path, _ in images}
@@ -217,56 +192,9 @@ def color_map(num_classes, custom_color=None, cityscapes=False):
     return colors
 
 
-def check_save_dir(save_dir, flag='--save_dir'):
-    """Raises ConfigError unless ``save_dir`` is a folder this process can write into, or
-    can be made one.
-
-    Checked before any work, so that a file in the way (``--save_dir out.png``)
-    or a folder without write permission is named at once rather than as a
-    traceback after the first image. Nothing is created.
-    """
-    path = os.path.abspath(save_dir)
-    if os.path.lexists(path) and not os.path.isdir(path):
-        raise ConfigError(f'{flag} {save_dir} is a file, not a folder: pass a folder (it is '
-                          'created when missing) or move the file away.')
-    _check_can_write_below(path, f'{flag} {save_dir}')
-
-
-def check_output_file(path, flag):
-    """Raises ConfigError unless a file can be written at ``path`` (its folder is made
-    when missing); checked before any work. Nothing is created."""
-    if os.path.isdir(path):
-        raise ConfigError(f'{flag} {path} is a folder: pass the path of the file to write, '
-                          f'e.g. {os.path.join(path, "model.pdparams")}.')
-    _check_can_write_below(os.path.dirname(os.path.abspath(path)), f'{flag} {path}')
-
-
-def _check_can_write_below(path, what):
-    """The nearest existing folder of ``path`` must be one this process can write into.
-    ``os.access`` says yes to root on read-only or special file systems: make and remove
-    a hidden folder instead."""
-    folder = path
-    while not os.path.lexists(folder):
-        folder = os.path.dirname(folder)
-    if not os.path.isdir(folder):
-        raise ConfigError(f'{what} cannot be created: {folder} is a file, not a folder; pass a '
-                          'path below a folder.')
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix='.psanet-write-check-', dir=folder))
-    except OSError as error:
-        reason = error.strerror or type(error).__name__
-        raise ConfigError(f'{what} cannot be written: {folder}: {reason}. Pass a folder '
-                          'you can write to.') from None
-
-
 def read_json(path, error):
-    """The JSON document in the file ``path``.
-
-    Args:
-        path (str): the file.
-        error (callable): ``error(reason) -> Exception``, raised (from the OSError or
-            ValueError) when the file cannot be opened or is not JSON.
-    """
+    """The JSON document in the file ``path``; ``error(reason)``, an exception, is raised
+    (from the OSError or ValueError) when the file cannot be opened or is not JSON."""
     try:
         with open(path) as f:
             return json.load(f)
@@ -288,188 +216,6 @@ def read_images(images, unreadable, logger):
             unreadable.append(path)
             continue
         yield image, relative
-
-
-def make_output_dir(path):
-    """``os.makedirs(path, exist_ok=True)`` for an output folder: a file in the way is a
-    ConfigError, a full disk a DiskFullError."""
-    try:
-        os.makedirs(path, exist_ok=True)
-    except (FileExistsError, NotADirectoryError) as error:
-        raise ConfigError(f'cannot create the folder {path}: {error.strerror} (a file is in '
-                          'the way); move it or pass another --save_dir.') from error
-    except OSError as error:
-        raise_if_disk_full(error, _existing_folder(path))
-        raise
-
-
-def _existing_folder(path):
-    while not os.path.isdir(path) and os.path.dirname(path) != path:
-        path = os.path.dirname(path)
-    return path
-
-
-def fsync(path):
-    """Flushes a file's or a folder's entries to disk, so a rename survives a power loss."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _size(count):
-    for unit in ('bytes', 'KiB', 'MiB', 'GiB'):
-        if count < 1024 or unit == 'GiB':
-            return f'{count:.0f} {unit}' if unit == 'bytes' else f'{count:.1f} {unit}'
-        count /= 1024
-
-
-def raise_if_disk_full(error, folder):
-    """Raises DiskFullError (naming ``folder`` and its free space) from ``error`` when it is a
-    failed write for lack of space; returns otherwise."""
-    full = isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
-    if not (full or 'No space left on device' in str(error)):
-        return
-    try:
-        free = _size(shutil.disk_usage(folder).free)
-    except OSError:
-        free = 'unknown'
-    raise DiskFullError(f'no space left in {folder} ({free} free): free some space there or '
-                        'write to another folder; no file was left half-written.') from error
-
-
-def write_file_whole(path, write, durable=False):
-    """Writes the file ``path`` whole or not at all: ``write(temporary)`` fills a hidden file
-    beside it, which then replaces ``path``. On any failure the temporary is removed and
-    ``path`` is as it was; a full disk is a :class:`~psanet.errors.DiskFullError`.
-
-    Args:
-        path (str): the final file; its folder must exist.
-        write (callable): writes the file it is given.
-        durable (bool, optional): fsync the file and its folder, so that the rename
-            survives a power loss. Default: False.
-    """
-    folder = os.path.dirname(os.path.abspath(path))
-    temporary = os.path.join(folder, f'.{os.path.basename(path)}{TEMP_MARK}{os.getpid()}')
-    try:
-        write(temporary)
-        if durable:
-            fsync(temporary)
-        os.replace(temporary, path)
-        if durable:
-            fsync(folder)
-    except BaseException as error:
-        with contextlib.suppress(OSError):
-            os.remove(temporary)
-        raise_if_disk_full(error, folder)
-        raise
-    return path
-
-
-def _make_temporary_dir(parent, name):
-    """Makes ``<parent>/.<name>.tmp-<pid>-<random>`` with the mode a plain mkdir gives
-    (mkdtemp's 0700 would hide an export from a service running as another user); the pid
-    tells a later writer a dead process's leftovers from a live one's."""
-    while True:
-        path = os.path.join(parent, f'.{name}{TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}')
-        try:
-            os.mkdir(path)
-            return path
-        except FileExistsError:
-            continue
-
-
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _remove_dead_writers_temporaries(parent, name):
-    """Deletes the temporaries of ``<parent>/<name>`` that a killed writer left (a folder
-    left only as ``.<name>.old.tmp-*/previous`` is renamed back first); a live process's stay."""
-    pattern = re.compile(r'^\.' + re.escape(name) + r'(' + re.escape(RETIRED_SUFFIX) + r')?'
-                         + re.escape(TEMP_MARK) + r'(\d+)-')
-    for entry in sorted(os.listdir(parent)):
-        match = pattern.match(entry)
-        if not match or int(match.group(2)) == os.getpid() or _alive(int(match.group(2))):
-            continue
-        previous = os.path.join(parent, entry, PREVIOUS)
-        final = os.path.join(parent, name)
-        if match.group(1) and os.path.isdir(previous) and not os.path.lexists(final):
-            os.replace(previous, final)
-        shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
-
-
-def write_folder(directory, write, carry_over=None):
-    """Writes a folder whole or not at all: ``write(temporary)`` fills a hidden folder
-    beside ``directory``, which then replaces ``directory`` (an old one is moved aside
-    first and deleted after). A failure or a signal before the swap leaves the old folder
-    as it was; a full disk is a :class:`~psanet.errors.DiskFullError`. Temporaries a killed
-    writer of the same folder left are deleted first.
-
-    Args:
-        directory (str): the final folder.
-        write (callable): fills the folder it is given.
-        carry_over (callable, optional): ``carry_over(name)`` is True for the entries of
-            the old folder to move into the new one (files the new one does not have).
-            Default: None, nothing is carried over.
-
-    Returns:
-        str: ``directory``.
-    """
-    directory = os.path.normpath(directory)
-    parent = os.path.dirname(directory) or '.'
-    name = os.path.basename(directory)
-    os.makedirs(parent, exist_ok=True)
-    _remove_dead_writers_temporaries(parent, name)
-    temporary = _make_temporary_dir(parent, name)
-    try:
-        write(temporary)
-        for entry in os.listdir(temporary):
-            fsync(os.path.join(temporary, entry))
-        fsync(temporary)
-        if os.path.exists(directory):
-            # rename() cannot replace a non-empty folder: move the old one aside first.
-            retired = _make_temporary_dir(parent, name + RETIRED_SUFFIX)
-            previous = os.path.join(retired, PREVIOUS)
-            os.replace(directory, previous)
-            os.replace(temporary, directory)
-            fsync(parent)
-            for entry in os.listdir(previous) if carry_over else ():
-                if carry_over(entry) and not os.path.lexists(os.path.join(directory, entry)):
-                    os.replace(os.path.join(previous, entry), os.path.join(directory, entry))
-            shutil.rmtree(retired, ignore_errors=True)
-        else:
-            os.replace(temporary, directory)
-            fsync(parent)
-    except BaseException as error:
-        shutil.rmtree(temporary, ignore_errors=True)
-        raise_if_disk_full(error, parent)
-        raise
-    return directory
-
-
-def write_bytes(path, data):
-    """Writes ``data`` to ``path`` whole or not at all (:func:`write_file_whole`)."""
-    def write(temporary):
-        with open(temporary, 'wb') as f:
-            f.write(data)
-    return write_file_whole(path, write)
-
-
-def write_image(path, array, extension=None):
-    """Encodes ``array`` as OpenCV does for ``extension`` (default: ``path``'s) and writes it
-    whole (:func:`write_file_whole`)."""
-    ok, encoded = cv2.imencode(extension or os.path.splitext(path)[1] or '.png', array)
-    if not ok:
-        raise OSError(f'OpenCV cannot encode {path}.')
-    return write_bytes(path, encoded.tobytes())
 
 
 def save_prediction(label, image, relative, save_dir, colors):

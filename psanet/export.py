@@ -20,10 +20,9 @@ from psanet import interrupts
 from psanet.compat import ORT_UNUSED_INITIALIZER, PIR_OUT_TENSOR, keep_forward
 from psanet.contract import (DEFAULT_TRANSFORMS, DEPLOY_FILE, DEPLOY_SECTION, DYNAMIC_INPUT_SHAPE,
                              INPUT_NAME, ONNX_FILE, OUTPUT_OPS, PALETTES, PARAMS_FILE,
-                             PROGRAM_FILE, check_save_dir, get_image_list, palette_for,
-                             write_folder)
-from psanet.core.checkpoint import load_model_weights
+                             PROGRAM_FILE, get_image_list, palette_for)
 from psanet.core.config import ComponentBuilder, load_config
+from psanet.core.weights import load_model_weights
 from psanet.deploy.deploy_config import DeployConfig
 from psanet.deploy.memory import ATTENTION_MEMORY
 from psanet.deploy.predictor import PredictorOptions
@@ -32,6 +31,7 @@ from psanet.deploy.backends import create_runner
 from psanet.deploy.quantize import (INT8_FILE, check_calib_images, check_quantize_tools,
                                     quantize_export)
 from psanet.errors import ConfigError
+from psanet.files import check_save_dir, write_folder
 from psanet.log import get_logger, without_stderr_lines
 from psanet.models import PSANet
 from psanet.ops import psa_impl as use_psa_impl

@@ -19,8 +19,8 @@ import urllib.request
 import zipfile
 from urllib.parse import unquote, urlparse
 
-from psanet.contract import write_file_whole, write_folder
 from psanet.errors import CheckpointError
+from psanet.files import write_file_whole, write_folder
 from psanet.log import ProgressBar, get_logger
 
 __all__ = ['CACHE_ENV', 'WEIGHTS_FILE', 'is_url', 'weights_cache_dir', 'fetch_weights']

@@ -1,4 +1,5 @@
-"""psanet.core.checkpoint: atomic writes, pruning, resume state and weights that do not fit."""
+"""psanet.core.checkpoint and psanet.core.weights: checkpoint folders written whole, pruned and
+loaded for a resume, and weights that do not fit the model."""
 import json
 import os
 
@@ -8,7 +9,9 @@ import pytest
 
 from engine_helpers import TinySegNet
 from psanet.core import checkpoint as ckpt
+from psanet.core.weights import load_model_weights
 from psanet.errors import CheckpointError
+from psanet.files import remove_stale_temporaries
 
 
 def _model_and_optimizer(num_classes=3, seed=0):
@@ -119,22 +122,22 @@ def test_crash_between_the_two_renames_is_recovered(tmp_path, monkeypatch):
             raise KeyboardInterrupt('killed (simulated)')
         return real_replace(source, target)
 
-    monkeypatch.setattr(ckpt.os, 'replace', replace)
+    monkeypatch.setattr(os, 'replace', replace)
     with pytest.raises(KeyboardInterrupt):
         ckpt.save_checkpoint(str(tmp_path / 'best_model'), model, state={'miou': 0.9})
     monkeypatch.undo()
     assert calls['n'] == 2 and not (tmp_path / 'best_model').exists()
-    ckpt.remove_stale_temporaries(str(tmp_path))
+    remove_stale_temporaries(str(tmp_path))
     assert os.listdir(tmp_path) == ['best_model']
     with open(tmp_path / 'best_model' / ckpt.STATE_FILE) as f:
         assert json.load(f)['miou'] == 0.5
     fresh = TinySegNet(3)
-    ckpt.load_model_weights(fresh, str(tmp_path / 'best_model'))
+    load_model_weights(fresh, str(tmp_path / 'best_model'))
     for key, value in _arrays(fresh.state_dict()).items():
         np.testing.assert_array_equal(value, before[key])
     # With best_model present, a leftover old copy is only deleted.
     os.makedirs(tmp_path / '.best_model.old.tmp-xyz' / 'previous')
-    ckpt.remove_stale_temporaries(str(tmp_path))
+    remove_stale_temporaries(str(tmp_path))
     assert os.listdir(tmp_path) == ['best_model']
 
 
@@ -150,7 +153,7 @@ def test_prune_list_and_stale_temporaries(tmp_path):
     assert sorted(os.path.basename(p) for p in removed) == ['iter_2', 'iter_4']
     assert [i for i, _ in ckpt.list_checkpoints(str(tmp_path))] == [6, 8]
     assert ckpt.prune_checkpoints(str(tmp_path), 0) == []
-    ckpt.remove_stale_temporaries(str(tmp_path))
+    remove_stale_temporaries(str(tmp_path))
     assert not (tmp_path / '.iter_10.tmp-abc').exists()
 
 
@@ -179,7 +182,7 @@ def test_load_model_weights_accepts_file_or_folder(tmp_path):
     ckpt.save_checkpoint(str(tmp_path / 'best_model'), model)
     other, _, _ = _model_and_optimizer(seed=2)
     for path in (tmp_path / 'best_model', tmp_path / 'best_model' / ckpt.WEIGHTS_FILE):
-        assert ckpt.load_model_weights(other, str(path)).endswith(ckpt.WEIGHTS_FILE)
+        assert load_model_weights(other, str(path)).endswith(ckpt.WEIGHTS_FILE)
         for key, value in _arrays(model.state_dict()).items():
             np.testing.assert_array_equal(_arrays(other.state_dict())[key], value)
 
@@ -189,13 +192,13 @@ def test_load_model_weights_names_mismatching_parameters(tmp_path):
     ckpt.save_checkpoint(str(tmp_path / 'best_model'), model)
     wrong_classes = TinySegNet(5)
     with pytest.raises(CheckpointError) as info:
-        ckpt.load_model_weights(wrong_classes, str(tmp_path / 'best_model'))
+        load_model_weights(wrong_classes, str(tmp_path / 'best_model'))
     message = str(info.value)
     assert 'classifier.weight (file [3, 8, 1, 1], model [5, 8, 1, 1])' in message
     assert 'aux.bias' in message and 'TinySegNet' in message
     without_aux = TinySegNet(3, enable_auxiliary_loss=False)
     with pytest.raises(CheckpointError, match=r'2 not in the model: aux\.weight, aux\.bias'):
-        ckpt.load_model_weights(without_aux, str(tmp_path / 'best_model'))
+        load_model_weights(without_aux, str(tmp_path / 'best_model'))
 
 
 @pytest.mark.parametrize('make', ['missing', 'empty_folder'])
@@ -204,7 +207,7 @@ def test_load_model_weights_missing_path(tmp_path, make):
     if make == 'empty_folder':
         os.makedirs(path)
     with pytest.raises(CheckpointError, match='--model_path'):
-        ckpt.load_model_weights(TinySegNet(3), str(path))
+        load_model_weights(TinySegNet(3), str(path))
 
 
 @pytest.mark.parametrize('iteration', ['two', -3, 2.5, None])

@@ -14,10 +14,11 @@ import pytest
 
 import engine_helpers as helpers
 from conftest import ROOT, TINY_SEGNET_RTOL, clear_margin_pixels, run_process
-from psanet.core.checkpoint import load_model_weights, save_checkpoint
+from psanet.core.checkpoint import save_checkpoint
 from psanet.core.config import ComponentBuilder, load_config
 from psanet.core.options import EvalOptions
 from psanet.core.val import evaluate
+from psanet.core.weights import load_model_weights
 
 TESTS = os.path.join(ROOT, 'tests')
 
@@ -28,7 +29,7 @@ import numpy as np
 import paddle
 import engine_helpers  # noqa: F401  (registers TinySegNet)
 from psanet.core import dist
-from psanet.core.checkpoint import load_model_weights
+from psanet.core.weights import load_model_weights
 from psanet.core.config import ComponentBuilder, load_config
 from psanet.core.data_loader import SampleReader, TrainBatchSampler
 from psanet.core.options import EvalOptions, TrainOptions

@@ -1,9 +1,14 @@
-"""A full disk under predict.py, val.py --save_dir, infer.py, a checkpoint and an export: the
-run ends with one line naming the folder and its free space, every file left reads back
-whole (each output is written to a hidden file, then renamed), and no temporary is left.
+"""A full disk under predict.py, val.py --save_dir, infer.py, a checkpoint, an export and the
+data tools: the run ends with one line naming the folder and its free space, every file left
+reads back whole (each output is written to a hidden file, then renamed: psanet.files), and
+no temporary is left; the dataset check's cache, which is optional, falls back to the user
+cache instead.
 
 Each test mounts a small tmpfs itself and fills it (tests/disk_helpers.py)."""
+import glob
+import json
 import os
+import shutil
 
 import cv2
 import numpy as np
@@ -11,13 +16,17 @@ import paddle
 import pytest
 from PIL import Image
 
-from conftest import MINI_CONFIG, TINY_SEGNET_RTOL, infer_in_process
+from conftest import (MINI_CONFIG, TINY_SEGNET_RTOL, cityscapes, generate_dataset,
+                      infer_in_process, train_labels)
 from engine_helpers import TinySegNet, assert_saved_masks_agree, mini_psanet_for_eval
 from psanet.cli import run_cli
 from psanet.contract import get_image_list
 from psanet.core.checkpoint import WEIGHTS_FILE, save_checkpoint
 from psanet.core.predict import predict
 from psanet.core.val import evaluate_from_config
+from psanet.data import prepare_cityscapes, validate_dataset
+from psanet.data.prepare_cityscapes import LABEL_IDS_SUFFIX, label_ids_to_train_ids
+from psanet.data.validate import CHECK_CACHE_NAME, TRAIN_IDS_SUFFIX
 from psanet.export import ExportOptions, export_model
 from paddleseg.transforms import Normalize
 from disk_helpers import digests, fill, small_tmpfs, whole_files
@@ -151,3 +160,49 @@ def test_an_export_on_a_full_disk(tmp_path, tiny, capsys):
         assert_disk_full_line(line, disk)
         assert digests(target) == before
         assert sorted(os.listdir(disk)) == ['.filler', 'export']
+
+
+def test_prepare_cityscapes_on_a_full_disk(tmp_path, capsys):
+    rng = np.random.default_rng(1)
+    with small_tmpfs(tmp_path / 'disk', 2 << 20) as disk:
+        city = os.path.join(disk, 'cityscapes', 'gtFine', 'train', 'aachen')
+        os.makedirs(city)
+        os.makedirs(os.path.join(disk, 'cityscapes', 'leftImg8bit', 'train', 'aachen'))
+        label_ids = {}
+        for i in range(6):  # noise, about 50 KB a PNG, so that the disk fills up part way
+            label_ids[i] = rng.integers(0, 34, (240, 240), np.uint8)
+            cv2.imwrite(os.path.join(city, f'aachen_{i:06d}_000019{LABEL_IDS_SUFFIX}'),
+                        label_ids[i])
+        fill(disk, 120 * 1024)
+        code = run_cli(prepare_cityscapes, os.path.join(disk, 'cityscapes'), log=None)
+        assert_disk_full_line(one_error_line(capsys.readouterr().err, code), city)
+        assert_every_file_whole(disk)
+        made = sorted(glob.glob(os.path.join(city, '*' + TRAIN_IDS_SUFFIX)))
+        assert 0 < len(made) < 6, os.listdir(city)
+        for path in made:
+            i = int(os.path.basename(path).split('_')[1])
+            np.testing.assert_array_equal(cv2.imread(path, cv2.IMREAD_UNCHANGED),
+                                          label_ids_to_train_ids(label_ids[i]))
+
+
+def test_the_dataset_check_cache_on_a_full_disk(tmp_path_factory, tmp_path, monkeypatch):
+    pristine = generate_dataset(tmp_path_factory, 4, seed=3)
+    monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'user_cache'))
+    with small_tmpfs(tmp_path / 'disk', 1 << 20) as disk:
+        root = shutil.copytree(pristine, os.path.join(disk, 'mini'))
+        for path in glob.glob(os.path.join(root, '**', '*.png'), recursive=True):
+            os.utime(path, (1e9, 1e9))  # long ago: the check remembers only settled files
+        dataset = cityscapes(root)
+        assert validate_dataset(dataset, 19)['read'] == 4
+        before = digests(root)
+        label = train_labels(root)[0]
+        os.utime(label, (1e9 + 60, 1e9 + 60))  # changed: read again, remembered anew
+        fill(disk, 0)
+        assert validate_dataset(dataset, 19) == {'samples': 4, 'read': 1, 'cached': 3}
+        assert digests(root) == before  # the root's cache as it was, no temporary beside it
+        users = glob.glob(str(tmp_path / 'user_cache' / 'psanet' / 'dataset_check' / '*.json'))
+        assert len(users) == 1
+        with open(users[0]) as f:
+            remembered = json.load(f)['files'][os.path.relpath(label, root)]
+        assert remembered[1] == os.stat(label).st_mtime_ns  # the change, remembered there
+        assert os.path.isfile(os.path.join(root, CHECK_CACHE_NAME))

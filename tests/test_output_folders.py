@@ -18,7 +18,7 @@ from engine_helpers import mini_psanet_for_eval
 from psanet import export as export_module
 from psanet.cli import run_cli
 from psanet.contract import DEPLOY_FILE
-from psanet.core.checkpoint import convert_reproduction_file
+from psanet.core.weights import convert_reproduction_file
 from psanet.core.predict import predict_from_config
 from psanet.core.val import evaluate_from_config
 from psanet.deploy.deploy_config import DeployConfig
@@ -275,7 +275,7 @@ def test_a_folder_a_killed_writer_left_only_as_previous_is_renamed_back(tmp_path
     """A writer killed between moving the old folder aside and swapping the new one in leaves
     the only copy as .<name>.old.tmp-<pid>-*/previous: the next writer puts it back (here
     one that then fails, so the folder it leaves is that copy), never deletes it."""
-    from psanet.contract import write_folder
+    from psanet.files import write_folder
     left = tmp_path / f'.export.old.tmp-{_dead_pid()}-0a1b2c3d' / 'previous'
     left.mkdir(parents=True)
     (left / 'deploy.yaml').write_text('the only copy')
@@ -289,7 +289,7 @@ def test_a_folder_a_killed_writer_left_only_as_previous_is_renamed_back(tmp_path
 
 
 def test_a_live_writers_temporaries_stay(tmp_path):
-    from psanet.contract import write_folder
+    from psanet.files import write_folder
     live = tmp_path / f'.export.old.tmp-{os.getppid()}-0a1b2c3d' / 'previous'
     live.mkdir(parents=True)
     write_folder(str(tmp_path / 'export'), lambda folder: None)

@@ -298,7 +298,7 @@ def test_few_steps_lower_the_loss():
 def test_weights_with_the_old_conv_biases_are_named_as_such(tmp_path):
     # Weights saved before the convs lost their biases: every tensor of the model plus a
     # bias next to some conv weights. Built here from the model's own state_dict.
-    from psanet.core.checkpoint import load_model_weights
+    from psanet.core.weights import load_model_weights
     from psanet.errors import CheckpointError
     _, model = build_config_model(seed=0)
     state = {k: v.numpy() for k, v in model.state_dict().items()}

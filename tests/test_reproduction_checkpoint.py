@@ -22,7 +22,7 @@ from paddleseg.models.backbones import ResNet50_vd
 import psanet.models  # noqa: F401  (registers PSANet)
 from conftest import ROOT, assert_logits_agree, reordered_sum_rtol, run_process
 from psa_mask_reference import reference_forward
-from psanet.core.checkpoint import load_model_weights
+from psanet.core.weights import load_model_weights
 from psanet.errors import CheckpointError
 from psanet.log import LOGGER_NAME
 from psanet.models import PSANet

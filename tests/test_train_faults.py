@@ -19,11 +19,13 @@ import pytest
 import engine_helpers as helpers
 from conftest import MINI_CONFIG, ROOT, finish, run_process, started_process
 from disk_helpers import digests
+from psanet import files
 from psanet.cli import run_cli
 from psanet.core import checkpoint as ckpt
 from psanet.core.config import ComponentBuilder, load_config
 from psanet.core.options import TrainOptions
 from psanet.core.train import train, train_from_config
+from psanet.core.weights import check_state_fits
 from psanet.errors import CheckpointError
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -372,7 +374,7 @@ def test_resume_warnings_name_their_real_cause(tmp_path, capsys):
 def test_a_signal_while_saving_leaves_whole_checkpoints(tmp_path, capsys, monkeypatch,
                                                        toy_config, where, signum):
     save_dir = str(tmp_path / 'out')
-    real_save, real_rmtree = paddle.save, ckpt.shutil.rmtree
+    real_save, real_rmtree = paddle.save, files.shutil.rmtree
     calls = {'save': 0}
 
     def send():
@@ -397,7 +399,7 @@ def test_a_signal_while_saving_leaves_whole_checkpoints(tmp_path, capsys, monkey
         return real_rmtree(path, *args, **kwargs)
 
     monkeypatch.setattr(paddle, 'save', save)
-    monkeypatch.setattr(ckpt.shutil, 'rmtree', rmtree)
+    monkeypatch.setattr(files.shutil, 'rmtree', rmtree)
     code, error, _ = _cli(capsys, config=toy_config, save_dir=save_dir, iters=8, save_interval=2,
                           keep_checkpoint_max=1, seed=0)
     monkeypatch.undo()
@@ -408,7 +410,7 @@ def test_a_signal_while_saving_leaves_whole_checkpoints(tmp_path, capsys, monkey
     assert error == f'error: training {what} after iteration 5; its checkpoint is {last}'
     assert sorted(os.listdir(save_dir)) == [os.path.basename(last), 'train.log']
     model, _, _, _ = _components(toy_config)
-    ckpt.check_state_fits(model, ckpt.load_checkpoint(last)[0], last, '')
+    check_state_fits(model, ckpt.load_checkpoint(last)[0], last, '')
 
 
 TRAIN_PY = r'''
@@ -467,7 +469,7 @@ def test_sigterm_ends_train_py_with_one_line_and_whole_checkpoints(tmp_path, cap
     assert not [n for n in os.listdir(save_dir) if n.startswith('.')]
     model, _, _, _ = _components(toy_config)
     for _, path in checkpoints:
-        ckpt.check_state_fits(model, ckpt.load_checkpoint(path)[0], path, '')
+        check_state_fits(model, ckpt.load_checkpoint(path)[0], path, '')
     # The line's advice works.
     iteration = ckpt.checkpoint_iteration(last)
     code, error, _ = _cli(capsys, config=toy_config, save_dir=save_dir, iters=iteration + 2,

@@ -186,7 +186,7 @@ def test_model_path_url_loads_the_weights_into_the_model(server, cache, tmp_path
     # The engine's loader, as val.py / predict.py / export.py call it, against the weights
     # written by paddle.save and read back from the served bytes.
     import paddle
-    from psanet.core.checkpoint import load_model_weights, resolve_weights_path
+    from psanet.core.weights import load_model_weights, resolve_weights_path
     paddle.seed(1)
     source = paddle.nn.Linear(4, 3)
     paddle.save(source.state_dict(), str(tmp_path / 'model.pdparams'))

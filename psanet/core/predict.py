@@ -19,16 +19,16 @@ import os
 import paddle
 from paddleseg.transforms import Compose
 
-from psanet.contract import (check_outputs, check_save_dir, color_map, get_image_list,
-                             palette_for)
+from psanet.contract import check_outputs, color_map, get_image_list, palette_for
 from psanet.core import dist, inference
-from psanet.core.checkpoint import load_model_weights, resolve_weights_path
 from psanet.core.config import ComponentBuilder, load_config
 from psanet.core.device import autocast, progress_bar, set_device
 from psanet.core.options import InferenceOptions
+from psanet.core.weights import load_model_weights, resolve_weights_path
 from psanet.deploy.infer_images import segment_files
 from psanet.deploy.pipeline import Pipeline
 from psanet.errors import ConfigError, UnreadableImagesError
+from psanet.files import check_save_dir
 from psanet.log import get_logger
 
 __all__ = ['DygraphRunner', 'load_model', 'dygraph_runner', 'predict', 'predict_from_config']

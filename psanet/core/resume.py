@@ -18,6 +18,7 @@ from psanet.contract import read_json
 from psanet.core import checkpoint as ckpt
 from psanet.core import dist, run_dir
 from psanet.core.options import RESUME_AUTO
+from psanet.core.weights import check_state_fits
 from psanet.errors import CheckpointError, ConfigError, few
 
 __all__ = ['RunState', 'resume', 'refuse_another_recipe', 'recipe_changes', 'resume_changes',
@@ -86,8 +87,8 @@ def resume(options, folder, model, optimizer, scheduler, logger):
     loaded, folder.loaded = folder.loaded, None
     model_state, optimizer_state, saved = loaded or ckpt.load_checkpoint(resume_model)
     _warn_of_another_recipe(options, resume_model, saved, logger)
-    ckpt.check_state_fits(model, model_state, f'the weights of --resume_model {resume_model}',
-                          _RESUME_ANOTHER_MODEL)
+    check_state_fits(model, model_state, f'the weights of --resume_model {resume_model}',
+                     _RESUME_ANOTHER_MODEL)
     model.set_state_dict(model_state)
     if 'parameter_names' in saved:
         optimizer_state = ckpt.rename_optimizer_state(optimizer_state, saved['parameter_names'],

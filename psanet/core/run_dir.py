@@ -19,6 +19,7 @@ from psanet.core import checkpoint as ckpt
 from psanet.core import dist
 from psanet.core.options import RESUME_AUTO
 from psanet.errors import ConfigError
+from psanet.files import delete_folders, remove_stale_temporaries
 from psanet.log import get_logger
 
 __all__ = ['LOCK_FILE', 'BEST_MODEL', 'RunFolder', 'own_save_dir']
@@ -57,7 +58,7 @@ class RunFolder:
         (self._logger or get_logger()).warning(
             f'--overwrite: deleting {_names(self.in_the_way)} of the previous run in '
             f'{self.path}.')
-        ckpt.delete_checkpoints(self.in_the_way)
+        delete_folders(self.in_the_way)
         self.in_the_way = []
 
 
@@ -89,7 +90,7 @@ def own_save_dir(save_dir, resume_model=None, overwrite=False, logger=None):
     if dist.is_main_process():
         try:
             lock = _SaveDirLock(save_dir, logger)
-            ckpt.remove_stale_temporaries(save_dir)
+            remove_stale_temporaries(save_dir)
             if auto:
                 found = ckpt.newest_loadable_checkpoint(save_dir, logger)
             if not auto or found is None:
@@ -114,7 +115,7 @@ def own_save_dir(save_dir, resume_model=None, overwrite=False, logger=None):
                         resume_model=resume_model, loaded=found[2] if found else None)
     finally:
         if lock is not None:
-            ckpt.remove_stale_temporaries(save_dir)
+            remove_stale_temporaries(save_dir)
             lock.release()
 
 

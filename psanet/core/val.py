@@ -18,17 +18,17 @@ from paddleseg.datasets import Cityscapes
 from paddleseg.utils import TimeAverager
 
 from psanet import interrupts
-from psanet.contract import check_save_dir, make_output_dir, write_image
 from psanet.core import dist, inference
-from psanet.core.checkpoint import load_model_weights, resolve_weights_path
 from psanet.core.config import ComponentBuilder, load_config
 from psanet.core.data_loader import build_eval_loader, raise_if_error, sample_paths
 from psanet.core.metrics import class_areas, confusion_matrix, summarize
 from psanet.core.options import EvalOptions
 from psanet.core.device import autocast, progress_bar, set_device
+from psanet.core.weights import load_model_weights, resolve_weights_path
 from psanet.data.prepare_cityscapes import train_ids_to_label_ids
 from psanet.data.validate import IMAGE_SUFFIX
 from psanet.errors import ConfigError
+from psanet.files import check_save_dir, make_output_dir, write_image
 from psanet.log import get_logger
 from psanet.visualize.charts import class_names, write_evaluation_figures
 

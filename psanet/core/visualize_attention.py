@@ -12,12 +12,13 @@ import numpy as np
 import paddle
 from paddleseg.transforms import Compose
 
-from psanet.contract import check_save_dir, color_map, palette_for
+from psanet.contract import color_map, palette_for
 from psanet.core import inference
-from psanet.core.checkpoint import load_model_weights, resolve_weights_path
 from psanet.core.config import ComponentBuilder, load_config
 from psanet.core.device import set_device
+from psanet.core.weights import load_model_weights, resolve_weights_path
 from psanet.errors import ConfigError, DatasetError, unreadable_image
+from psanet.files import check_save_dir
 from psanet.log import get_logger
 from psanet.models import PSANet
 from psanet.ops import psa_impl as use_psa_impl

@@ -14,8 +14,8 @@ import os
 import cv2
 import numpy as np
 
-from psanet.contract import check_save_dir, write_folder
 from psanet.errors import ConfigError
+from psanet.files import check_save_dir, write_folder
 
 from .prepare_cityscapes import LABEL_IDS_SUFFIX, label_ids_to_train_ids
 from .scene_canvas import LABEL_COLORS, LABEL_IDS, TRAIN_CLASSES

@@ -16,7 +16,8 @@ import os
 import cv2
 import numpy as np
 
-from psanet.errors import DatasetError
+from psanet.errors import DatasetError, DiskFullError
+from psanet.files import write_file_whole, write_image
 
 from .validate import (CITYSCAPES_DOWNLOAD, CITYSCAPES_LAYOUT, IMAGE_SUFFIX, TRAIN_IDS_SUFFIX,
                        check_dataset_root)
@@ -93,34 +94,40 @@ def _scan(root, split, folder, suffix):
 
 
 def _make_train_ids(task):
-    """Writes one train-id image; module level so that a process pool can run it."""
+    """Writes one train-id image whole (a half-written one under the final name would be
+    skipped as done on the next run); module level so that a process pool can run it."""
     source, target = task
-    partial = target[:-len('.png')] + '.partial.png'
+    if not source.endswith(POLYGONS_SUFFIX):
+        label_ids = cv2.imread(source, cv2.IMREAD_UNCHANGED)
+        if label_ids is None or label_ids.ndim != 2:
+            raise DatasetError(
+                f'{source} is not a single-channel label-id image: re-extract '
+                'gtFine_trainvaltest.zip.')
     try:
         if source.endswith(POLYGONS_SUFFIX):
-            _polygons_to_train_ids(source, partial)
+            drawn = _polygons_to_train_ids(source)
+            write_file_whole(target, lambda temporary: drawn.save(temporary, format='PNG'))
         else:
-            label_ids = cv2.imread(source, cv2.IMREAD_UNCHANGED)
-            if label_ids is None or label_ids.ndim != 2:
-                raise DatasetError(
-                    f'{source} is not a single-channel label-id image: re-extract '
-                    'gtFine_trainvaltest.zip.')
-            if not cv2.imwrite(partial, label_ids_to_train_ids(label_ids)):
-                raise DatasetError(f'cannot write {partial}: check the folder permissions.')
-        # A half-written file under the final name would be skipped as done on the next run.
-        os.replace(partial, target)
-    finally:
-        if os.path.exists(partial):
-            os.remove(partial)
+            write_image(target, label_ids_to_train_ids(label_ids))
+    except DiskFullError:
+        raise
+    except OSError as error:
+        raise DatasetError(f'cannot write {target} ({error.strerror or error}): check the '
+                           'folder permissions.') from error
     return target
 
 
-def _polygons_to_train_ids(json_path, out_path):
-    from cityscapesscripts.preparation.json2labelImg import json2labelImg
+def _polygons_to_train_ids(json_path):
+    """The train-id image (PIL, mode L) cityscapesscripts draws from a polygons file, as its
+    ``json2labelImg`` draws it."""
+    from cityscapesscripts.helpers.annotation import Annotation
+    from cityscapesscripts.preparation.json2labelImg import createLabelImage
     printed = io.StringIO()
     try:
         with contextlib.redirect_stdout(printed):
-            json2labelImg(json_path, out_path, 'trainIds')
+            annotation = Annotation()
+            annotation.fromJsonFile(json_path)
+            return createLabelImage(annotation, 'trainIds')
     except SystemExit as error:
         # cityscapesscripts prints the reason and exits on an unknown label name.
         reason = printed.getvalue().strip().splitlines()

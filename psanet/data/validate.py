@@ -13,7 +13,6 @@ import glob
 import hashlib
 import json
 import os
-import tempfile
 import time
 
 import cv2
@@ -21,7 +20,8 @@ import numpy as np
 from PIL import Image
 
 from psanet import interrupts
-from psanet.errors import DatasetError, few, unreadable_image
+from psanet.errors import ConfigError, DatasetError, few, unreadable_image
+from psanet.files import make_output_dir, write_bytes
 
 __all__ = ['check_dataset_root', 'check_dataset_config',
            'validate_dataset', 'label_values', 'label_values_error', 'CITYSCAPES_LAYOUT', 'CITYSCAPES_DOWNLOAD',
@@ -377,9 +377,9 @@ class _CheckCache:
 
     Kept as JSON in ``<root>/.psanet_dataset_check.json``, or where the root is
     read-only in ``~/.cache/psanet/dataset_check/<hash of the root>.json``;
-    written atomically (a temporary file renamed over it), and merged with
-    what another process wrote meanwhile. Unreadable or unwritable cache
-    files are ignored: the check then reads every file. ``root`` None: no cache.
+    written whole (:func:`psanet.files.write_bytes`), and merged with what another
+    process wrote meanwhile. Unreadable or unwritable cache files (a full disk included)
+    are ignored: the check then reads every file. ``root`` None: no cache.
     """
 
     def __init__(self, root):
@@ -446,18 +446,9 @@ class _CheckCache:
             files = self._load(path)
             files.update(self.new)
             try:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                handle, temporary = tempfile.mkstemp(prefix=os.path.basename(path) + '.',
-                                                     suffix='.tmp', dir=os.path.dirname(path))
-                try:
-                    with os.fdopen(handle, 'w', encoding='utf-8') as f:
-                        json.dump({'version': _CACHE_VERSION, 'files': files}, f,
-                                  separators=(',', ':'))
-                    os.chmod(temporary, 0o644)  # mkstemp's 0600 would hide it from other users
-                    os.replace(temporary, path)
-                finally:
-                    if os.path.exists(temporary):
-                        os.remove(temporary)
+                make_output_dir(os.path.dirname(path))
+                write_bytes(path, json.dumps({'version': _CACHE_VERSION, 'files': files},
+                                             separators=(',', ':')).encode('utf-8'))
                 return
-            except OSError:
+            except (OSError, ConfigError):
                 continue

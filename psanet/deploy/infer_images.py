@@ -11,9 +11,9 @@ run ends with ``UnreadableImagesError`` naming the skipped ones.
 import os
 
 from psanet import interrupts
-from psanet.contract import (check_outputs, check_save_dir, color_map, get_image_list, read_images,
-                             save_prediction)
+from psanet.contract import check_outputs, color_map, get_image_list, read_images, save_prediction
 from psanet.errors import DeployError, UnreadableImagesError
+from psanet.files import check_save_dir
 from psanet.log import ProgressBar, get_logger
 
 from .deploy_config import DeployConfig

@@ -4,7 +4,7 @@ import os
 
 import cv2
 
-from psanet.contract import write_image
+from psanet.files import write_image
 
 __all__ = ['FONT', 'WHITE', 'BLACK', 'GREY', 'text_width', 'write_png']
 
