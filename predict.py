@@ -6,6 +6,7 @@
 import argparse
 
 from psanet.cli import add_inference_flags, add_model_flags, exit_with, run_cli  # noqa: E402
+from psanet.core.options import DEFAULT_DEVICE  # noqa: E402
 from psanet.core.predict import predict_from_config  # noqa: E402
 
 
@@ -16,7 +17,7 @@ def parse_args(argv=None):
                         help='An image, a folder of images, or a text file listing images.')
     parser.add_argument('--save_dir', default='output/result',
                         help='pseudo_color_prediction/ and added_prediction/ go here.')
-    parser.add_argument('--device', choices=['cpu', 'gpu'], default=None,
+    parser.add_argument('--device', choices=['cpu', 'gpu'], default=DEFAULT_DEVICE,
                         help='Default: gpu when Paddle sees one, else cpu.')
     add_inference_flags(parser, '--aug_pred')
     parser.add_argument('--custom_color', nargs='+', type=int, default=None,

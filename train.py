@@ -9,6 +9,7 @@
 import argparse
 
 from psanet.cli import exit_with, run_cli
+from psanet.core.options import AMP_LEVELS, DEFAULT_DEVICE, DYGRAPH_PRECISIONS
 from psanet.core.train import train_from_config
 
 
@@ -20,7 +21,7 @@ def parse_args(argv=None):
         '(130 for Ctrl-C); a second Ctrl-C ends it at once. Under paddle.distributed.launch '
         'every rank stops after the same step.')
     parser.add_argument('--config', required=True, help='The config file.')
-    parser.add_argument('--device', choices=['cpu', 'gpu'], default=None,
+    parser.add_argument('--device', choices=['cpu', 'gpu'], default=DEFAULT_DEVICE,
                         help='Default: gpu when Paddle sees one, else cpu.')
     parser.add_argument('--save_dir', default='output',
                         help='Checkpoints, train.log and VisualDL logs go here.')
@@ -49,9 +50,9 @@ def parse_args(argv=None):
                         '--save_dir, or those after --resume_model, and start over; without it '
                         'such a --save_dir is refused.')
     parser.add_argument('--seed', type=int, default=None, help='Random seed.')
-    parser.add_argument('--precision', choices=['fp32', 'fp16'], default='fp32',
+    parser.add_argument('--precision', choices=DYGRAPH_PRECISIONS, default='fp32',
                         help='fp16: autocast + GradScaler (GPU only).')
-    parser.add_argument('--amp_level', choices=['O1', 'O2'], default='O1',
+    parser.add_argument('--amp_level', choices=AMP_LEVELS, default='O1',
                         help='O1: mixed precision; O2: fp16 weights except BatchNorm.')
     parser.add_argument('--opts', nargs='+', default=None,
                         help='key=value config overrides, e.g. --opts batch_size=2 '

@@ -9,22 +9,23 @@
 import argparse
 
 from psanet.cli import add_inference_flags, add_model_flags, exit_with, run_cli
+from psanet.core.options import AMP_LEVELS, DEFAULT_DEVICE, DYGRAPH_PRECISIONS
 from psanet.core.val import evaluate_from_config
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description='PSANet evaluation (PaddleSeg flags).')
     add_model_flags(parser)
-    parser.add_argument('--device', choices=['cpu', 'gpu'], default=None,
+    parser.add_argument('--device', choices=['cpu', 'gpu'], default=DEFAULT_DEVICE,
                         help='Default: gpu when Paddle sees one, else cpu.')
     parser.add_argument('--num_workers', type=int, default=0, help='DataLoader worker processes.')
     add_inference_flags(parser, '--aug_eval')
     parser.add_argument('--save_dir', default=None,
                         help='Also write the predictions (Cityscapes *_labelIds.png) and the '
                         'figures class_iou.png and confusion_matrix.png here.')
-    parser.add_argument('--precision', choices=['fp32', 'fp16'], default='fp32',
+    parser.add_argument('--precision', choices=DYGRAPH_PRECISIONS, default='fp32',
                         help='fp16: autocast (GPU only).')
-    parser.add_argument('--amp_level', choices=['O1', 'O2'], default='O1')
+    parser.add_argument('--amp_level', choices=AMP_LEVELS, default='O1')
     parser.add_argument('--opts', nargs='+', default=None, help='key=value config overrides.')
     return parser.parse_args(argv)
 

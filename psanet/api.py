@@ -47,8 +47,9 @@ class Segmenter(Pipeline):
             inference (InferenceOptions|dict, optional): With 'dygraph': windows, scales and
                 flips (``psanet.core.options.InferenceOptions``, or a dict of its fields over
                 the config's test_config). Default: the config's test_config.
-            **options: As ``from_export``; with 'dygraph', ``device`` ('cpu' or 'gpu',
-                default 'cpu') and ``batch_size`` only.
+            **options: As ``from_export``; with 'dygraph', ``device`` and ``batch_size``
+                only, ``device`` ('cpu' or 'gpu') by default the GPU when Paddle sees one, as
+                predict.py's (``from_export``'s CPU is infer.py's).
         """
         if backend is not None and backend not in BACKENDS:
             raise DeployError(f'backend must be one of {BACKENDS} (or None: the fastest '
@@ -77,7 +78,8 @@ class Segmenter(Pipeline):
             given = other + (['save_dir'] if save_dir is not None else [])
             raise DeployError(f'{", ".join(given)}: options of an export; backend="dygraph" '
                               f'takes {" and ".join(DYGRAPH_OPTIONS)} (and inference=).')
+        from psanet.core.options import DEFAULT_DEVICE
         from psanet.core.predict import dygraph_runner
         runner, transforms = dygraph_runner(config, weights, inference,
-                                           options.get('device', 'cpu'))
+                                           options.get('device', DEFAULT_DEVICE))
         return cls(runner, transforms, 'none', options.get('batch_size', 1), 'dygraph')

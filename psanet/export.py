@@ -6,10 +6,9 @@ checkpoints, and the runtime's predictor to check what it wrote against the
 dygraph model (:func:`compare_with_dygraph`); nothing imports it. Output ops,
 op forms and PaddleSeg's contract: docs/deploy.md.
 """
-import dataclasses
 import os
-from dataclasses import dataclass
-from typing import Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 import paddle
@@ -107,6 +106,10 @@ class ExportOptions:
         calib_images (str, optional): The calibration images (folder, image or list file).
         calib_num (int, optional): How many calibration images to use. Default: 32.
 
+    Attributes:
+        calib_paths (tuple): with ``quantize``, the first ``calib_num`` images of
+            ``calib_images``, listed once here; else empty.
+
     Raises:
         ConfigError: for an option that cannot work, naming its flag.
     """
@@ -118,6 +121,7 @@ class ExportOptions:
     quantize: Optional[str] = None
     calib_images: Optional[str] = None
     calib_num: int = 32
+    calib_paths: Tuple[str, ...] = field(init=False, default=())
 
     def __post_init__(self):
         for name, value, choices in (('--output_op', self.output_op, OUTPUT_OPS),
@@ -142,7 +146,8 @@ class ExportOptions:
                 raise ConfigError('--quantize int8 quantises model.onnx: add --psa_impl paddle '
                                   '--onnx.')
             check_quantize_tools()
-            check_calib_images(self.calib_images, self.calib_num)
+            object.__setattr__(self, 'calib_paths',
+                               tuple(check_calib_images(self.calib_images, self.calib_num)))
         object.__setattr__(self, 'input_shape', tuple(parse_input_shape(self.input_shape)))
 
 
@@ -281,7 +286,7 @@ def _write_export(model, val_transforms, save_dir, options, num_classes):
         yaml.safe_dump({DEPLOY_SECTION: deploy}, f, sort_keys=False)
     if options.quantize:
         with without_stderr_lines(ORT_UNUSED_INITIALIZER):
-            quantize_export(save_dir, options.calib_images, options.calib_num)
+            quantize_export(save_dir, options.calib_images, list(options.calib_paths))
 
 
 def export_onnx(save_dir):
@@ -323,14 +328,15 @@ def export_from_config(config, model_path, save_dir='output/inference_model',
         str: the path of deploy.yaml.
     """
     logger = get_logger()
+    cfg = load_config(config, opts=opts)
+    builder = ComponentBuilder(cfg, weights_follow=bool(model_path))
+    val_class = builder.val_dataset_class if cfg.dic.get('val_dataset') else None
     # Checked before the model is built and loaded.
-    options = ExportOptions(**flags)
+    options = ExportOptions(**flags, palette=palette_for(val_class))
     check_export_dir(save_dir)
     if check_image_path:
         get_image_list(check_image_path, flag='--check_image_path')
     paddle.set_device('cpu')
-    cfg = load_config(config, opts=opts)
-    builder = ComponentBuilder(cfg, weights_follow=bool(model_path))
     model = builder.model
     if model_path:
         logger.info(f'Loaded weights {load_model_weights(model, model_path)}')
@@ -338,8 +344,6 @@ def export_from_config(config, model_path, save_dir='output/inference_model',
         logger.warning('No --model_path: exporting the initial (untrained) weights.')
     val_transforms = (cfg.dic.get('val_dataset') or {}).get('transforms') or \
         DEFAULT_TRANSFORMS
-    val_class = builder.val_dataset_class if cfg.dic.get('val_dataset') else None
-    options = dataclasses.replace(options, palette=palette_for(val_class))
     path = export_model(model, val_transforms, save_dir, options,
                         getattr(model, 'num_classes', None))
     logger.info(f'Exported the model ({options.psa_impl} psa_mask, input '

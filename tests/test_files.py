@@ -11,8 +11,6 @@ RENAMING_BY_HAND = {
     'psanet/ops/build.py': 'psanet/ops imports nothing of ours (setup.py and the JIT build '
                            'load it alone): the library is linked in a hidden build folder '
                            'beside its place and renamed in',
-    'psanet/deploy/quantize.py': 'its two writers move to write_file_whole with the options '
-                                 'change of issue 37; delete this entry then',
 }
 
 

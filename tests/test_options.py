@@ -1,5 +1,11 @@
 """psanet.core.options: every count is refused at 0 and below, from Python and from train.py's
-command line, in one line naming the flag, before anything is built or written."""
+command line, in one line naming the flag, before anything is built or written; every options
+class is frozen, and none is copied with changes."""
+import ast
+import dataclasses
+import importlib
+import os
+
 import pytest
 
 import engine_helpers as helpers
@@ -7,7 +13,9 @@ import train as train_script
 from psanet.cli import run_cli
 from psanet.core.options import InferenceOptions, TrainOptions
 from psanet.core.train import train_from_config
+from psanet.deploy.predictor import PredictorOptions
 from psanet.errors import ConfigError
+from psanet.export import ExportOptions
 
 COUNTS = ('iters', 'batch_size', 'save_interval', 'log_iters')
 BAD = (-1, 0, -5)
@@ -103,3 +111,61 @@ def test_a_bool_or_a_non_integer_is_no_count(name, value):
     for name_ in COUNTS:
         with pytest.raises(ConfigError, match=f'--{name_} must be a positive integer, got True'):
             TrainOptions(**dict(dict(iters=4, batch_size=2), **{name_: True}))
+
+
+# Every options class, and the checked config: built once at the edge, then only read.
+FROZEN = ('psanet.core.options.InferenceOptions', 'psanet.core.options.EvalOptions',
+          'psanet.core.options.TrainOptions', 'psanet.export.ExportOptions',
+          'psanet.deploy.predictor.PredictorOptions', 'psanet.core.config.LoadedConfig')
+PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'psanet')
+
+
+def _trees():
+    for folder, _, files in os.walk(PACKAGE):
+        for name in sorted(files):
+            if name.endswith('.py'):
+                path = os.path.join(folder, name)
+                with open(path) as f:
+                    yield os.path.relpath(path, PACKAGE), ast.parse(f.read(), path)
+
+
+@pytest.mark.parametrize('name', FROZEN)
+def test_each_options_class_is_a_frozen_dataclass(name):
+    module, _, attribute = name.rpartition('.')
+    cls = getattr(importlib.import_module(module), attribute)
+    assert dataclasses.is_dataclass(cls) and dataclasses.fields(cls)
+    assert cls.__dataclass_params__.frozen, f'{name} is not @dataclass(frozen=True)'
+
+
+def test_every_options_class_of_the_package_is_in_the_frozen_list():
+    found = {f'psanet.{path[:-3].replace(os.sep, ".")}.{node.name}'
+             for path, tree in _trees() for node in ast.walk(tree)
+             if isinstance(node, ast.ClassDef) and node.name.endswith('Options')}
+    assert found <= set(FROZEN), found - set(FROZEN)
+
+
+def test_options_are_never_copied_with_changes_nor_set_after_post_init():
+    """No dataclasses.replace anywhere (it re-runs every check and hides which field a command
+    changes); object.__setattr__ only in __post_init__, to normalise a value."""
+    found = []
+    for path, tree in _trees():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module == 'dataclasses' and \
+                    'replace' in [alias.name for alias in node.names]:
+                found.append(f'{path}:{node.lineno} imports dataclasses.replace')
+            if isinstance(node, ast.Attribute) and node.attr == 'replace' and \
+                    isinstance(node.value, ast.Name) and node.value.id == 'dataclasses':
+                found.append(f'{path}:{node.lineno} dataclasses.replace')
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                    node.name != '__post_init__':
+                for inner in ast.walk(node):
+                    if isinstance(inner, ast.Attribute) and inner.attr == '__setattr__' and \
+                            isinstance(inner.value, ast.Name) and inner.value.id == 'object':
+                        found.append(f'{path}:{inner.lineno} object.__setattr__ in {node.name}')
+    assert not found, found
+
+
+def test_a_built_options_object_refuses_a_change():
+    for options in (InferenceOptions(), TrainOptions(), PredictorOptions(), ExportOptions()):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(options, dataclasses.fields(options)[0].name, None)

@@ -416,8 +416,9 @@ def _copy_export(export, folder, **entries):
 
 @pytest.mark.parametrize('cpu_threads', [0, -2, True, 1.5])
 def test_cpu_threads_below_one_is_refused_not_taken_as_the_default(checkpoint, cpu_threads):
-    with pytest.raises(DeployError, match=r'^cpu_threads must be an integer >= 1 \(or None: the '
-                       rf'CPUs this process may use, \d+ here\), got {cpu_threads!r}\.$'):
+    with pytest.raises(DeployError, match=r"^cpu_threads must be an integer >= 1 \(or None: "
+                       r"PaddleSeg's 10, or the CPUs this process may use when fewer, \d+ "
+                       rf"here\), got {cpu_threads!r}\.$"):
         Segmenter.from_export(checkpoint[2], backend='paddle', cpu_threads=cpu_threads)
 
 

@@ -55,4 +55,4 @@ def test_recipe_is_the_config_files_batch_size(tmp_path):
     config = tmp_path / 'recipe.yml'
     config.write_text(f'_base_: {MINI_CONFIG}\nbatch_size: 5\n')
     cfg = load_config(str(config), opts=['batch_size=3'])
-    assert (cfg.recipe_batch_size, cfg.batch_size) == (5, 3)
+    assert (cfg.recipe_batch_size, cfg.dic['batch_size']) == (5, 3)

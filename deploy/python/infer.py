@@ -15,6 +15,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'
 
 from psanet.cli import exit_with, run_cli  # noqa: E402
 from psanet.deploy.infer_images import infer  # noqa: E402
+from psanet.deploy.predictor import (DEFAULT_CPU_THREADS, DEFAULT_DEVICE,  # noqa: E402
+                                     INFER_ENABLE_MKLDNN)
 
 
 def str2bool(value):
@@ -30,12 +32,12 @@ def str2bool(value):
 FLAGS = (
     ('batch_size', int, 1, 'Images per predictor run.'),
     ('save_dir', str, './output', 'pseudo_color_prediction/ and added_prediction/ go here.'),
-    ('device', str, 'cpu', 'cpu or gpu.'),
+    ('device', str, DEFAULT_DEVICE, 'cpu or gpu.'),
     ('use_trt', str2bool, False, 'TensorRT subgraphs (GPU).'),
     ('precision', str, 'fp32', 'fp32, or fp16/int8 with --use_trt True on the GPU.'),
-    ('enable_mkldnn', str2bool, False, 'oneDNN for the CPU convolutions.'),
-    ('cpu_threads', int, None, 'Math library threads on the CPU. Default: 10, or the cores '
-     'this process may use when fewer.'),
+    ('enable_mkldnn', str2bool, INFER_ENABLE_MKLDNN, 'oneDNN for the CPU convolutions.'),
+    ('cpu_threads', int, None, f'Math library threads on the CPU. Default: '
+     f'{DEFAULT_CPU_THREADS}, or the cores this process may use when fewer.'),
     ('benchmark', str2bool, False, 'Print preprocess / inference / postprocess ms per image.'),
     ('model_name', str, '', 'Shown in the --benchmark table (TIPC passes it).'),
     ('print_detail', str2bool, False, "Keep Paddle Inference's glog output."),

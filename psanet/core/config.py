@@ -14,6 +14,8 @@ import difflib
 import math
 import os
 import time
+from dataclasses import dataclass
+from typing import Optional
 
 import yaml
 
@@ -28,7 +30,8 @@ from psanet.data.validate import check_dataset_config, validate_dataset  # noqa:
 from psanet.errors import ArgumentError, ConfigError  # noqa: E402
 from psanet.log import get_logger  # noqa: E402
 
-__all__ = ['KNOWN_KEYS', 'UNSUPPORTED_KEYS', 'load_config', 'set_schedule', 'ComponentBuilder']
+__all__ = ['KNOWN_KEYS', 'UNSUPPORTED_KEYS', 'LoadedConfig', 'load_config', 'set_schedule',
+           'ComponentBuilder']
 
 # Top-level keys the engine reads: paddleseg 2.8.0's, plus the engine's own ``sync_bn``.
 KNOWN_KEYS = ('batch_size', 'iters', 'train_dataset', 'val_dataset', 'optimizer', 'lr_scheduler',
@@ -168,6 +171,26 @@ def _check_types(node, where, registries, path):
             _check_types(value, f'{where}[{i}]', registries, path)
 
 
+@dataclass(frozen=True)
+class LoadedConfig:
+    """A checked config: paddleseg's Config and what the engine reads beside it.
+
+    Args:
+        path (str): the YAML file, for messages and train.log.
+        paddleseg_config (paddleseg.cvlibs.Config): the merged sections, --opts applied.
+        recipe_batch_size (int): the file's batch_size before --opts: what its recipe
+            assumes on one card; None unless a positive integer. Default: None.
+    """
+    path: str
+    paddleseg_config: Config
+    recipe_batch_size: Optional[int] = None
+
+    @property
+    def dic(self):
+        """The sections, as paddleseg's ``Config.dic``."""
+        return self.paddleseg_config.dic
+
+
 def load_config(path, learning_rate=None, opts=None):
     """Reads a config like paddleseg's ``Config`` and checks it.
 
@@ -178,11 +201,9 @@ def load_config(path, learning_rate=None, opts=None):
             Default: None.
 
     Returns:
-        paddleseg.cvlibs.Config: the checked config, with ``path`` and
-        ``recipe_batch_size`` (the file's batch_size before --opts: what its recipe
-        assumes on one card; None unless a positive integer). Training's iters and
-        batch_size are :class:`~psanet.core.options.TrainOptions`' to check
-        (:func:`set_schedule` writes them in).
+        LoadedConfig: the checked config. Training's iters and batch_size are
+        :class:`~psanet.core.options.TrainOptions`' to check (:func:`set_schedule`
+        writes them in).
 
     Raises:
         ConfigError: for a missing or malformed file, an unknown key or component
@@ -211,15 +232,13 @@ def load_config(path, learning_rate=None, opts=None):
         if section in cfg.dic:
             _check_types(cfg.dic[section], section, registries, path)
     _check_output_stride(cfg.dic.get('model'), path)
-    cfg.path = path
     recipe = merged.get('batch_size')
-    cfg.recipe_batch_size = recipe if isinstance(recipe, int) and recipe > 0 else None
-    return cfg
+    return LoadedConfig(path, cfg, recipe if isinstance(recipe, int) and recipe > 0 else None)
 
 
 def set_schedule(cfg, iters, batch_size):
-    """Writes a training job's iters and batch_size into ``cfg``, where paddleseg's builder
-    reads iters for the LR scheduler's decay steps."""
+    """Writes a training job's iters and batch_size into ``cfg`` (a :class:`LoadedConfig`),
+    where paddleseg's builder reads iters for the LR scheduler's decay steps."""
     cfg.dic['iters'], cfg.dic['batch_size'] = iters, batch_size
 
 
@@ -269,7 +288,7 @@ class ComponentBuilder:
     """Builds the config's components through paddleseg's SegBuilder, with clear errors.
 
     Args:
-        cfg (paddleseg.cvlibs.Config): from :func:`load_config`.
+        cfg (LoadedConfig): from :func:`load_config`.
         weights_follow (bool, optional): trained weights will replace the model's (val,
             predict, export): the config's pretrained weights are neither downloaded nor
             loaded, and the backbone does not announce training from scratch. Default: False.
@@ -277,14 +296,14 @@ class ComponentBuilder:
 
     def __init__(self, cfg, weights_follow=False):
         self.cfg = cfg
-        self.path = getattr(cfg, 'path', '<config>')
+        self.path = cfg.path
         self.weights_follow = weights_follow
         if weights_follow:
             model = cfg.dic.get('model') or {}
             for section in (model, model.get('backbone')):
                 if isinstance(section, dict) and section.get('pretrained') is not None:
                     section['pretrained'] = None
-        self._builder = SegBuilder(cfg)
+        self._builder = SegBuilder(cfg.paddleseg_config)
 
     def _get(self, name, section):
         try:
@@ -340,11 +359,6 @@ class ComponentBuilder:
         return self._get('optimizer', 'optimizer / lr_scheduler')
 
     @property
-    def lr_scheduler(self):
-        """The LR scheduler (cached)."""
-        return self._get('lr_scheduler', 'lr_scheduler')
-
-    @property
     def val_dataset_class(self):
         """The val_dataset's class (not built)."""
         return self._get('val_dataset_class', 'val_dataset')
@@ -379,8 +393,3 @@ class ComponentBuilder:
                 f'{time.time() - start:.2f} s ({report["read"]} read, {report["cached"]} '
                 'unchanged since the last check)')
         return dataset
-
-    @property
-    def test_config(self):
-        """The ``test_config`` section (evaluation-time inference options)."""
-        return dict(self.cfg.test_config)

@@ -15,16 +15,22 @@ import math
 from dataclasses import InitVar, dataclass, fields
 from typing import Callable, Optional, Tuple
 
+from psanet.deploy.predictor import PRECISIONS
 from psanet.errors import ConfigError
 
 __all__ = ['InferenceOptions', 'EvalOptions', 'TrainOptions', 'RESUME_AUTO', 'training_recipe',
-           'AUG_COMBINES', 'PRECISIONS', 'AMP_LEVELS']
+           'AUG_COMBINES', 'DYGRAPH_PRECISIONS', 'AMP_LEVELS', 'DEFAULT_DEVICE']
 
 # How aug_eval combines scales and flips: the mean of the logits (paddleseg 2.8's
 # aug_inference), or the mean of their softmax.
 AUG_COMBINES = ('logits', 'softmax')
-PRECISIONS = ('fp32', 'fp16')
+# fp32, or fp16 autocast; int8 needs a quantised export.
+DYGRAPH_PRECISIONS = tuple(p for p in PRECISIONS if p != 'int8')
 AMP_LEVELS = ('O1', 'O2')
+# The device of the dygraph jobs, train.py, val.py, predict.py and Segmenter.from_config's
+# 'dygraph' route alike: None is the GPU when Paddle sees one, else the CPU, as PaddleSeg's
+# (psanet.core.device.set_device). An export runs on the CPU unless told (infer.py's).
+DEFAULT_DEVICE = None
 # numpy's seeds are below 2**32.
 SEED_LIMIT = 2 ** 32
 
@@ -167,7 +173,7 @@ def _check_inference(options, where):
                           f'than {where("crop_size")} {options.crop_size[0]} '
                           f'{options.crop_size[1]}: windows would leave pixels unpredicted; use a '
                           'stride no larger than the crop.')
-    _check_choices(where, precision=(options.precision, PRECISIONS),
+    _check_choices(where, precision=(options.precision, DYGRAPH_PRECISIONS),
                    amp_level=(options.amp_level, AMP_LEVELS))
 
 
@@ -211,8 +217,6 @@ class EvalOptions:
         num_workers (int): DataLoader workers. Default: 0.
         save_dir (str): also write the predictions (and, from val.py, the figures)
             there. Default: None.
-        device (str): 'cpu' or 'gpu' for :func:`~psanet.core.val.evaluate_from_config`;
-            None: the GPU when Paddle sees one. Default: None.
         print_detail (bool): show PaddleSeg's progress bar (rank 0) and log the
             [EVAL] lines. Default: True.
 
@@ -222,7 +226,6 @@ class EvalOptions:
     inference: InferenceOptions = InferenceOptions()
     num_workers: int = 0
     save_dir: Optional[str] = None
-    device: Optional[str] = None
     print_detail: bool = True
 
     def __post_init__(self):
@@ -325,7 +328,7 @@ class TrainOptions:
     sync_bn: bool = True
     recipe_batch_size: Optional[int] = None
     evaluation: EvalOptions = EvalOptions()
-    device: Optional[str] = None
+    device: Optional[str] = DEFAULT_DEVICE
     do_eval: bool = False
     config: Optional[str] = None
     recipe: Optional[dict] = None
@@ -373,7 +376,7 @@ class TrainOptions:
         from the config; a bad value is named by its flag or by its config key.
 
         Args:
-            cfg (paddleseg.cvlibs.Config): the config, with --opts applied.
+            cfg (psanet.core.config.LoadedConfig): the config, with --opts applied.
             num_workers (int, optional): train.py's --num_workers. Default: 0.
             precision (str, optional): train.py's --precision. Default: 'fp32'.
             amp_level (str, optional): train.py's --amp_level. Default: 'O1'.
@@ -391,7 +394,7 @@ class TrainOptions:
 
         schedule = {**flags, **from_config}
         return cls(**schedule, sync_bn=bool(cfg.dic.get('sync_bn', True)),
-                   recipe_batch_size=getattr(cfg, 'recipe_batch_size', None),
+                   recipe_batch_size=cfg.recipe_batch_size,
                    evaluation=evaluation, config=cfg.path,
                    recipe=training_recipe(cfg.dic, schedule.get('iters'),
                                           schedule.get('batch_size')),

@@ -23,7 +23,7 @@ from psanet.contract import check_outputs, color_map, get_image_list, palette_fo
 from psanet.core import dist, inference
 from psanet.core.config import ComponentBuilder, load_config
 from psanet.core.device import autocast, progress_bar, set_device
-from psanet.core.options import InferenceOptions
+from psanet.core.options import DEFAULT_DEVICE, InferenceOptions
 from psanet.core.weights import load_model_weights, resolve_weights_path
 from psanet.deploy.infer_images import segment_files
 from psanet.deploy.pipeline import Pipeline
@@ -68,7 +68,7 @@ def load_model(cfg, model_path, logger=None):
     return model, builder
 
 
-def dygraph_runner(config, model_path, inference_options=None, device=None):
+def dygraph_runner(config, model_path, inference_options=None, device=DEFAULT_DEVICE):
     """``(DygraphRunner, val transforms)`` of a checkpoint, for ``psanet.Segmenter.from_config``
     with ``backend='dygraph'``.
 
@@ -140,8 +140,8 @@ def predict(model, transforms, image_list, save_dir='output/result', options=Non
     return written
 
 
-def predict_from_config(config, model_path, image_path, save_dir='output/result', device=None,
-                        custom_color=None, opts=None, **flags):
+def predict_from_config(config, model_path, image_path, save_dir='output/result',
+                        device=DEFAULT_DEVICE, custom_color=None, opts=None, **flags):
     """predict.py: builds the model from ``config``, loads ``model_path``, predicts ``image_path``.
 
     Args:
@@ -168,7 +168,7 @@ def predict_from_config(config, model_path, image_path, save_dir='output/result'
     image_list = get_image_list(image_path)
     check_outputs(image_list, save_dir)
     model, builder = load_model(cfg, model_path, logger)
-    val_class = builder.val_dataset_class if cfg.val_dataset_cfg else None
+    val_class = builder.val_dataset_class if cfg.dic.get('val_dataset') else None
     colors = color_map(getattr(model, 'num_classes', None), custom_color,
                        cityscapes=palette_for(val_class) == 'cityscapes')
     return predict(model, builder.val_transforms, image_list, save_dir, options, colors, logger)

@@ -22,7 +22,7 @@ from psanet.core import dist, inference
 from psanet.core.config import ComponentBuilder, load_config
 from psanet.core.data_loader import build_eval_loader, raise_if_error, sample_paths
 from psanet.core.metrics import class_areas, confusion_matrix, summarize
-from psanet.core.options import EvalOptions
+from psanet.core.options import DEFAULT_DEVICE, EvalOptions
 from psanet.core.device import autocast, progress_bar, set_device
 from psanet.core.weights import load_model_weights, resolve_weights_path
 from psanet.data.prepare_cityscapes import train_ids_to_label_ids
@@ -188,14 +188,16 @@ def evaluate(model, dataset, options=None, losses=None, logger=None):
     return result
 
 
-def evaluate_from_config(config, model_path, opts=None, **flags):
+def evaluate_from_config(config, model_path, opts=None, device=DEFAULT_DEVICE, **flags):
     """val.py: builds the model and val dataset from ``config``, loads ``model_path`` and evaluates.
 
     Args:
         config (str): the config file.
         model_path (str): model.pdparams or a checkpoint folder.
         opts (list, optional): ``key=value`` config overrides. Default: None.
-        **flags: val.py's other flags, by field name: ``device``, ``num_workers``,
+        device (str, optional): 'cpu' or 'gpu'; None: the GPU when Paddle sees one.
+            Default: None.
+        **flags: val.py's other flags, by field name: ``num_workers``,
             ``save_dir`` (see :class:`EvalOptions`) and the inference flags
             (``aug_eval``, ``scales``, ... see :class:`InferenceOptions`; None, or
             absent, takes the config's test_config).
@@ -205,7 +207,7 @@ def evaluate_from_config(config, model_path, opts=None, **flags):
     """
     cfg = load_config(config, opts=opts)
     options = EvalOptions.from_flags(flags, cfg.dic.get('test_config'))
-    set_device(options.device)
+    set_device(device)
     dist.init_parallel()
     logger = get_logger()
     resolve_weights_path(model_path)  # a wrong path fails before any building

@@ -127,7 +127,7 @@ def visualize_attention_from_config(config, model_path, image_path, points, save
     psa_branches(model)  # before the weights, which would not fit such a config
     logger = get_logger()
     logger.info(f'Loaded weights {load_model_weights(model, model_path)}')
-    val_class = builder.val_dataset_class if cfg.val_dataset_cfg else None
+    val_class = builder.val_dataset_class if cfg.dic.get('val_dataset') else None
     num_classes = int(model.num_classes)
     colors = color_map(num_classes, cityscapes=palette_for(val_class) == 'cityscapes')
     with use_psa_impl(psa_impl) if psa_impl else contextlib.nullcontext():

@@ -27,8 +27,6 @@ __all__ = ['segment_files', 'infer']
 # Benchmark: untimed runs of the first batch first, so that one-time work
 # (oneDNN primitive creation, allocator growth) is not counted.
 WARMUP_RUNS = 3
-# infer.py's --cpu_threads when not given (PaddleSeg's), or the cores this process may use.
-DEFAULT_CPU_THREADS = 10
 
 
 def _readable_batches(images, batch_size, unreadable, logger, timer):
@@ -109,7 +107,7 @@ def _report(on_progress, done, reported):
 
 
 def infer(config, image_path, save_dir='./output', batch_size=1, benchmark=False, model_name='',
-          logger=None, **predictor_flags):
+          backend='paddle', **predictor_flags):
     """Runs the exported model of ``config`` (deploy.yaml) over ``image_path``.
 
     Args:
@@ -119,14 +117,13 @@ def infer(config, image_path, save_dir='./output', batch_size=1, benchmark=False
         batch_size (int, optional): Images per predictor run. Default: 1.
         benchmark (bool, optional): Warm up, then print the per-image stage times. Default: False.
         model_name (str, optional): Named in the benchmark table's title. Default: ''.
-        logger (logging.Logger, optional): Default: the engine's 'psanet' logger.
+        backend (str, optional): 'paddle' (Paddle Inference), 'onnxruntime' or 'openvino'
+            (:mod:`psanet.deploy.backends`, the runners of :class:`psanet.Segmenter`).
+            Default: 'paddle', as PaddleSeg's infer.py runs.
         **predictor_flags: infer.py's ``device``, ``use_trt``, ``precision``,
             ``enable_mkldnn``, ``cpu_threads`` (None: 10 or the cores, if fewer) and
-            ``print_detail``
-            (:class:`psanet.deploy.predictor.PredictorOptions`), and ``backend``: 'paddle'
-            (Paddle Inference, the default), 'onnxruntime' or 'openvino'
-            (:mod:`psanet.deploy.backends`, the runners of :class:`psanet.Segmenter`);
-            with an ONNX backend ``precision='int8'`` runs the export's INT8 model.
+            ``print_detail`` (:class:`psanet.deploy.predictor.PredictorOptions`); with an
+            ONNX backend ``precision='int8'`` runs the export's INT8 model.
 
     Returns:
         dict: ``{'written': [(pseudo, overlay), ...], 'times': {stage: (mean, p50, p90)}}``.
@@ -135,22 +132,20 @@ def infer(config, image_path, save_dir='./output', batch_size=1, benchmark=False
         UnreadableImagesError: after every readable image is written, when some
             could not be read (each is also logged as it is skipped).
     """
-    logger = logger or get_logger()
+    logger = get_logger()
     if int(batch_size) < 1:
         raise DeployError(f'--batch_size must be >= 1, got {batch_size}.')
     check_save_dir(save_dir)
     deploy = DeployConfig(config)
     images = get_image_list(image_path)
     check_outputs(images, save_dir)
-    backend = predictor_flags.pop('backend', None) or 'paddle'
     if backend not in EXPORT_BACKENDS:
         raise DeployError(f'--backend must be one of {EXPORT_BACKENDS}, got {backend!r}.')
+    # On an ONNX backend --precision int8 picks the export's INT8 model; PredictorOptions
+    # holds Paddle Inference's precision, fp32 there.
     int8 = backend != 'paddle' and predictor_flags.get('precision') == 'int8'
-    if int8:
-        predictor_flags['precision'] = 'fp32'  # PredictorOptions describes Paddle's precision
-    if predictor_flags.get('cpu_threads') is None:  # PaddleSeg's 10, cut to the cores unsaid
-        predictor_flags['cpu_threads'] = min(DEFAULT_CPU_THREADS, len(os.sched_getaffinity(0)))
-    options = PredictorOptions(**predictor_flags)
+    options = PredictorOptions(**(dict(predictor_flags, precision='fp32') if int8
+                                  else predictor_flags))
     segmenter = Pipeline.from_deploy(deploy, backend, options, int8, batch_size)
     onednn = 'on' if options.enable_mkldnn else 'off'
     engine = f'Paddle Inference, oneDNN {onednn}' if backend == 'paddle' else backend

@@ -17,7 +17,8 @@ from psanet.errors import DeployError
 
 from .deploy_config import DeployConfig
 from .memory import check_attention_memory
-from .predictor import PredictorOptions
+from .predictor import (API_ENABLE_MKLDNN, DEFAULT_CPU_THREADS, DEFAULT_DEVICE, PredictorOptions,
+                        default_cpu_threads)
 from .processing import postprocess, preprocess, restore_logits
 from .backends import create_runner, default_backend
 
@@ -79,12 +80,6 @@ def _checked_batch_size(batch_size):
     return int(batch_size)
 
 
-def _usable_cpus():
-    if hasattr(os, 'sched_getaffinity'):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
 class Pipeline:
     """A model as a function: ``seg(images)`` -> label maps, ``seg.logits(images)`` -> scores.
 
@@ -115,8 +110,8 @@ class Pipeline:
         self._attention, self._workdir = attention_memory, workdir
 
     @classmethod
-    def from_export(cls, path, backend=None, device='cpu', cpu_threads=None, batch_size=1,
-                    enable_mkldnn=True, int8=False, workdir=None):
+    def from_export(cls, path, backend=None, device=DEFAULT_DEVICE, cpu_threads=None, batch_size=1,
+                    enable_mkldnn=API_ENABLE_MKLDNN, int8=False, workdir=None):
         """The export in ``path`` (deploy.yaml or its folder) in one runtime.
 
         Args:
@@ -124,12 +119,14 @@ class Pipeline:
             backend (str, optional): The runtime: 'paddle' (Paddle Inference), 'onnxruntime'
                 or 'openvino'. Default: the fastest installed one that runs the export on
                 ``device`` (:func:`psanet.deploy.backends.default_backend`).
-            device (str, optional): 'cpu' or 'gpu'. Default: 'cpu'.
-            cpu_threads (int, optional): Threads of the runtime on the CPU. Default: the
-                CPUs this process may use.
+            device (str, optional): 'cpu' or 'gpu'. Default: 'cpu', as infer.py's --device.
+            cpu_threads (int, optional): Threads of the runtime on the CPU. Default: as
+                infer.py's --cpu_threads, PaddleSeg's 10, or the CPUs this process may use
+                when fewer.
             batch_size (int, optional): As ``Segmenter``. Default: 1.
             enable_mkldnn (bool, optional): oneDNN in Paddle Inference on the CPU.
-                Default: True.
+                Default: True, where infer.py's --enable_mkldnn keeps PaddleSeg's False (so
+                that a PaddleSeg command line runs the same); oneDNN is 1.6x faster.
             int8 (bool, optional): Run the INT8 model the export holds (``export.py
                 --quantize int8``) on the CPU. Default: False.
             workdir (tempfile.TemporaryDirectory, optional): As ``Pipeline``.
@@ -138,11 +135,11 @@ class Pipeline:
             raise DeployError('the INT8 model runs on the CPU; use device="cpu".')
         if cpu_threads is not None and (isinstance(cpu_threads, bool) or
                                         not isinstance(cpu_threads, int) or cpu_threads < 1):
-            raise DeployError(f'cpu_threads must be an integer >= 1 (or None: the CPUs this '
-                              f'process may use, {_usable_cpus()} here), got {cpu_threads!r}.')
+            raise DeployError(f'cpu_threads must be an integer >= 1 (or None: PaddleSeg\'s '
+                              f'{DEFAULT_CPU_THREADS}, or the CPUs this process may use when '
+                              f'fewer, {default_cpu_threads()} here), got {cpu_threads!r}.')
         options = PredictorOptions(device=device, enable_mkldnn=bool(enable_mkldnn),
-                                   cpu_threads=_usable_cpus() if cpu_threads is None
-                                   else cpu_threads)
+                                   cpu_threads=cpu_threads)
         return cls.from_deploy(DeployConfig(path), backend, options, bool(int8), batch_size,
                                workdir)
 

@@ -1,6 +1,7 @@
 """Paddle Inference predictors (and onnxruntime sessions) for an exported PSANet.
 
-``PredictorOptions`` holds deploy/python/infer.py's runtime flags, checked once;
+``PredictorOptions`` holds deploy/python/infer.py's runtime flags, checked once, and
+this module the defaults infer.py and ``psanet.Segmenter.from_export`` share;
 ``create_predictor`` registers the psa_mask op library first when the graph holds
 the custom op, and sets oneDNN on or off explicitly; the runners run a batch and
 check it against the export's input shape. Why, and the Paddle workarounds
@@ -8,6 +9,7 @@ check it against the export's input shape. Why, and the Paddle workarounds
 """
 import os
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
@@ -18,9 +20,34 @@ from psanet.log import get_logger
 
 from .deploy_config import DeployConfig, check_params_file
 
-__all__ = ['PredictorOptions', 'create_predictor', 'PaddleRunner', 'OnnxRunner', 'load_custom_op']
+__all__ = ['PredictorOptions', 'create_predictor', 'PaddleRunner', 'OnnxRunner', 'load_custom_op',
+           'PRECISIONS', 'DEFAULT_DEVICE', 'DEFAULT_CPU_THREADS', 'INFER_ENABLE_MKLDNN',
+           'API_ENABLE_MKLDNN', 'usable_cpus', 'default_cpu_threads']
 
+# fp16 and int8 run in TensorRT on the GPU, int8 also as an export's INT8 ONNX model; the
+# dygraph model runs the first two (psanet.core.options.DYGRAPH_PRECISIONS).
 PRECISIONS = ('fp32', 'fp16', 'int8')
+# The defaults of infer.py's flags and of the API's from_export: one place for both.
+DEFAULT_DEVICE = 'cpu'
+# PaddleSeg's --cpu_threads, cut to the CPUs this process may use (default_cpu_threads).
+DEFAULT_CPU_THREADS = 10
+# oneDNN: infer.py keeps PaddleSeg's --enable_mkldnn False, so that a PaddleSeg command line
+# runs the same; the API, which has no PaddleSeg counterpart, runs it (1.6x faster on the CPU,
+# docs/deploy.md).
+INFER_ENABLE_MKLDNN = False
+API_ENABLE_MKLDNN = True
+
+
+def usable_cpus():
+    """The CPUs this process may run on."""
+    if hasattr(os, 'sched_getaffinity'):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def default_cpu_threads():
+    """``cpu_threads`` when not given: PaddleSeg's 10, or the usable CPUs when fewer."""
+    return min(DEFAULT_CPU_THREADS, usable_cpus())
 
 
 def load_custom_op():
@@ -41,27 +68,30 @@ class PredictorOptions:
     """How a predictor runs: deploy/python/infer.py's runtime flags, checked once.
 
     Args:
-        device (str): 'cpu' or 'gpu'. Default: 'cpu'.
+        device (str): 'cpu' or 'gpu'. Default: 'cpu' (``DEFAULT_DEVICE``).
         use_trt (bool): TensorRT subgraphs on the GPU. Default: False.
         precision (str): 'fp32', or 'fp16'/'int8' with TensorRT. Default: 'fp32'.
         enable_mkldnn (bool): run the CPU graph's convolutions in oneDNN; False turns it
-            off explicitly (Paddle Inference's CPU default is on). Default: False.
+            off explicitly (Paddle Inference's CPU default is on). Default: False
+            (``INFER_ENABLE_MKLDNN``, infer.py's).
         cpu_threads (int): math library threads on the CPU (onnxruntime's intra-op
             threads), at most the cores this process may use (more are cut down, with a
-            warning). Default: 1.
+            warning); None: :func:`default_cpu_threads`. Default: None.
         print_detail (bool): keep Paddle's glog output. Default: False.
 
     Raises:
         DeployError: for a value, or a combination, that cannot work, naming the flag.
     """
-    device: str = 'cpu'
+    device: str = DEFAULT_DEVICE
     use_trt: bool = False
     precision: str = 'fp32'
-    enable_mkldnn: bool = False
-    cpu_threads: int = 1
+    enable_mkldnn: bool = INFER_ENABLE_MKLDNN
+    cpu_threads: Optional[int] = None
     print_detail: bool = False
 
     def __post_init__(self):
+        if self.cpu_threads is None:
+            object.__setattr__(self, 'cpu_threads', default_cpu_threads())
         if self.device not in ('cpu', 'gpu'):
             raise DeployError(f"--device must be 'cpu' or 'gpu', got {self.device!r}.")
         if self.precision not in PRECISIONS:
@@ -76,7 +106,7 @@ class PredictorOptions:
                                   '--device gpu --use_trt True).')
             if int(self.cpu_threads) < 1:
                 raise DeployError(f'--cpu_threads must be >= 1, got {self.cpu_threads}.')
-            cores = len(os.sched_getaffinity(0))
+            cores = usable_cpus()
             if int(self.cpu_threads) > cores:
                 # More threads than cores only slows the math library; far more aborts OpenMP.
                 get_logger().warning(f'--cpu_threads {self.cpu_threads} is more than the '
@@ -98,7 +128,7 @@ def create_predictor(deploy, options=None):
     Args:
         deploy (DeployConfig|str): The deploy config, or the path of deploy.yaml.
         options (PredictorOptions, optional): Default: ``PredictorOptions()`` (CPU, oneDNN
-            off, one thread).
+            off, :func:`default_cpu_threads`).
 
     Returns:
         paddle.inference.Predictor

@@ -19,6 +19,7 @@ from psanet import interrupts
 from psanet.compat import parse_version
 from psanet.contract import DEPLOY_SECTION, get_image_list
 from psanet.errors import ConfigError
+from psanet.files import write_file_whole
 from psanet.log import get_logger
 
 from .deploy_config import DeployConfig
@@ -84,13 +85,15 @@ class _CalibrationReader:
         return None if batch is None else {self._input_name: batch}
 
 
-def quantize_export(deploy, calib_images, calib_num=32, logger=None):
+def quantize_export(deploy, calib_images, calib_paths, logger=None):
     """Writes ``model_int8.onnx`` for the export ``deploy`` and names it in its deploy.yaml.
 
     Args:
         deploy (DeployConfig|str): An export made with ``--psa_impl paddle --onnx``.
-        calib_images (str): Calibration images (a folder, an image or a list file).
-        calib_num (int, optional): How many of them to use. Default: 32.
+        calib_images (str): Where the calibration images are (a folder, an image or a list
+            file), for the log.
+        calib_paths (list[str]): The calibration images, as :func:`check_calib_images`
+            lists them.
         logger (logging.Logger, optional): Default: the 'psanet' logger.
 
     Returns:
@@ -101,36 +104,37 @@ def quantize_export(deploy, calib_images, calib_num=32, logger=None):
     deploy = deploy if isinstance(deploy, DeployConfig) else DeployConfig(deploy)
     if deploy.onnx is None:
         raise ConfigError('--quantize int8 quantises model.onnx: add --psa_impl paddle --onnx.')
-    paths = check_calib_images(calib_images, calib_num)
     import onnx
     from onnxruntime.quantization import (CalibrationMethod, QuantFormat, QuantType,
                                           quantize_static)
     from onnxruntime.quantization.shape_inference import quant_pre_process
     target = os.path.join(deploy.dir, INT8_FILE)
-    partial, folded = target + '.partial', target + '.folded'
+    folded = target + '.folded'
     input_name = onnx.load(deploy.onnx, load_external_data=False).graph.input[0].name
     logger.info(f'Quantising {os.path.basename(deploy.onnx)} to INT8 '
                 f'({", ".join(QUANTIZED_OPS)}) with '
-                f'{len(paths)} calibration images from {calib_images} ...')
-    try:
-        # paddle2onnx writes the weights as Constant nodes and BatchNorm apart from each
-        # convolution; onnxruntime's optimiser folds both, so that the quantiser sees each
-        # convolution's own weight (quantised per channel, not per tensor at run time).
-        quant_pre_process(deploy.onnx, folded, skip_symbolic_shape=True)
+                f'{len(calib_paths)} calibration images from {calib_images} ...')
+
+    def quantize(partial):
         quantize_static(folded, partial,
-                        _CalibrationReader(paths, deploy.build_transforms(), input_name),
+                        _CalibrationReader(calib_paths, deploy.build_transforms(), input_name),
                         quant_format=QuantFormat.QDQ, per_channel=True,
                         activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
                         op_types_to_quantize=list(QUANTIZED_OPS),
                         calibrate_method=CalibrationMethod.MinMax)
         interrupts.raise_if_requested()  # before the INT8 model is named: the export stays
-        os.replace(partial, target)
+
+    try:
+        # paddle2onnx writes the weights as Constant nodes and BatchNorm apart from each
+        # convolution; onnxruntime's optimiser folds both, so that the quantiser sees each
+        # convolution's own weight (quantised per channel, not per tensor at run time).
+        quant_pre_process(deploy.onnx, folded, skip_symbolic_shape=True)
+        write_file_whole(target, quantize)
     finally:
-        for path in (partial, folded):
-            if os.path.exists(path):
-                os.remove(path)
+        if os.path.exists(folded):
+            os.remove(folded)
     _name_in_deploy_yaml(deploy, {'onnx_int8': INT8_FILE,
-                                  'int8_calibration': {'images': len(paths),
+                                  'int8_calibration': {'images': len(calib_paths),
                                                        'ops': list(QUANTIZED_OPS)}})
     logger.info(f'Wrote {INT8_FILE}.')
     return target
@@ -140,7 +144,9 @@ def _name_in_deploy_yaml(deploy, entries):
     with open(deploy.path) as f:
         dic = yaml.safe_load(f)
     dic[DEPLOY_SECTION].update(entries)
-    partial = deploy.path + '.partial'
-    with open(partial, 'w') as f:
-        yaml.safe_dump(dic, f, sort_keys=False)
-    os.replace(partial, deploy.path)
+
+    def write(partial):
+        with open(partial, 'w') as f:
+            yaml.safe_dump(dic, f, sort_keys=False)
+
+    write_file_whole(deploy.path, write)
