@@ -9,7 +9,7 @@ from psanet.contract import (DEFAULT_TRANSFORMS, DEPLOY_FILE, DEPLOY_SECTION, DY
                              PALETTES, read_json)
 from psanet.errors import DeployError
 
-from .memory import ATTENTION_MEMORY
+from .attention_memory import ATTENTION_MEMORY, AttentionCost
 
 __all__ = ['DeployConfig', 'graph_holds_custom_op', 'graph_parameters', 'check_params_file']
 
@@ -303,9 +303,10 @@ class DeployConfig:
 
     @property
     def attention_memory(self):
-        """``(input_unit, bytes_per_element)`` of the model's attention maps (an N x 3 x H x
-        W input's peak at N * (ceil(H / unit) * ceil(W / unit))**2 elements), or None when
-        the export recorded none (a model without attention, an older export)."""
+        """The model's :class:`AttentionCost` (an N x 3 x H x W input's maps peak at
+        N * (ceil(H / input_unit) * ceil(W / input_unit))**2 elements of
+        bytes_per_element), or None when the export recorded none (a model without
+        attention, an older export)."""
         entry = self.dic.get(ATTENTION_MEMORY)
         if entry is None:
             return None
@@ -315,7 +316,7 @@ class DeployConfig:
             raise DeployError(f'{self.path}: Deploy.{ATTENTION_MEMORY} must hold input_unit and '
                               f'bytes_per_element, positive integers, got {entry!r}: fix it or '
                               'export the model again.')
-        return tuple(values)
+        return AttentionCost(*values)
 
     @property
     def holds_custom_op(self):

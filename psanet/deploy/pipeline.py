@@ -16,7 +16,7 @@ import numpy as np
 from psanet.errors import DeployError
 
 from .deploy_config import DeployConfig
-from .memory import check_attention_memory
+from .attention_memory import check_batch_memory
 from .predictor import PredictorOptions
 from .processing import postprocess, preprocess, restore_logits
 from .backends import create_runner, default_backend
@@ -205,7 +205,7 @@ class Pipeline:
     def run(self, batch):
         """The runner's output for a preprocessed batch."""
         if self._attention is not None:
-            check_attention_memory(self._attention, batch.shape)
+            check_batch_memory(self._attention, batch.shape)
         output = self.runner.run(batch)
         if len(output) != len(batch):
             raise DeployError(f'{self.backend or type(self.runner).__name__} returned '
