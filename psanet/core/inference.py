@@ -138,7 +138,8 @@ def inference(model, image, trans_info=None, options=None):
     options = options or InferenceOptions()
     if options.aug_eval:
         return aug_inference(model, image, trans_info, options)
-    check_attention_memory(_attention_memory(model), image, is_slide=options.is_slide, crop_size=options.crop_size)
+    check_attention_memory(_attention_memory(model), image, is_slide=options.is_slide,
+                           crop_size=options.crop_size)
     return _inference(model, image, trans_info, options)
 
 
