@@ -137,7 +137,7 @@ def test_arch_list_the_installed_nvcc_lacks_fails_before_compiling(monkeypatch, 
 def fake_nvcc(tmp_path, monkeypatch):
     """make(release): an executable nvcc answering --version and --list-gpu-arch (CUDA
     13's list) that logs each call; a fresh per-process cache of nvcc's answers."""
-    monkeypatch.setattr(build, '_nvcc_answers', {})
+    build._ask_nvcc.cache_clear()
 
     def make(release='13.0'):
         home = tmp_path / f'cuda-{release}'
@@ -155,7 +155,8 @@ def fake_nvcc(tmp_path, monkeypatch):
             'esac\n')
         nvcc.chmod(0o755)
         return str(nvcc)
-    return make
+    yield make
+    build._ask_nvcc.cache_clear()  # the fakes' answers go with them
 
 
 def nvcc_calls(nvcc):
