@@ -220,7 +220,7 @@ def test_cpu_key_is_as_before_and_asks_no_nvcc(fake_nvcc, monkeypatch):
 
 def test_a_new_arch_list_rebuilds_into_its_own_folder(fake_nvcc, monkeypatch, tmp_path):
     """The loader's side: a library built for 8.0 is not reused once 9.0 is asked for."""
-    from psanet.ops import library as loader
+    from psanet.ops import library
     monkeypatch.setenv('NVCC', fake_nvcc())
     monkeypatch.setenv('PSANET_OPS_CACHE', str(tmp_path / 'cache'))
     monkeypatch.setenv('PSANET_OPS_FORCE_JIT', '1')
@@ -234,8 +234,8 @@ def test_a_new_arch_list_rebuilds_into_its_own_folder(fake_nvcc, monkeypatch, tm
     paths = {}
     for arch_list in ('8.0', '9.0', '8.0'):
         monkeypatch.setenv('PADDLE_CUDA_ARCH_LIST', arch_list)
-        paths.setdefault(arch_list, loader.library_path())
-        assert loader.library_path() == paths[arch_list]
+        paths.setdefault(arch_list, library.library_path())
+        assert library.library_path() == paths[arch_list]
     assert built == [paths['8.0'], paths['9.0']] and paths['8.0'] != paths['9.0']
 
 
