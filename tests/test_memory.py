@@ -207,3 +207,28 @@ def test_free_gpu_memory_reads_what_cuda_reports(monkeypatch):
     else:
         monkeypatch.setattr(paddle.cuda, 'mem_get_info', mem_get_info)
         assert compat.free_gpu_memory(1) == 123 * 2 ** 20 and asked == [1]
+
+
+@pytest.mark.parametrize('batch, height, width', [(1, 1024, 2048), (2, 900, 600)])
+def test_the_runtime_refuses_a_batch_that_does_not_fit_naming_windows_that_do(
+        monkeypatch, batch, height, width):
+    """An export's check (deploy.yaml's cost, no model): refused with one memory byte short
+    of the model's own estimate, passed with it; the windows it names fit half the memory
+    by the model's estimate and keep about the input's aspect."""
+    import re
+
+    from psanet.deploy import attention_memory
+    from psanet.errors import DeployError
+    model = small_psanet(8, 2)
+    cost = AttentionCost.of(model.attention_memory(64, 64))
+    need = model.attention_memory(height, width, batch).peak_bytes
+    for available in (need - 1, need // 30):
+        monkeypatch.setattr(attention_memory, 'host_memory_available', lambda: available)
+        with pytest.raises(DeployError) as caught:
+            attention_memory.check_batch_memory(cost, (batch, 3, height, width))
+        crop_w, crop_h = map(int, re.search(r'"crop_size": \[(\d+), (\d+)\]',
+                                            str(caught.value)).groups())
+        assert fits(model, crop_h, crop_w, batch, available / 2)
+        assert math.isclose(crop_w / crop_h, width / height, rel_tol=0.3)
+    monkeypatch.setattr(attention_memory, 'host_memory_available', lambda: need)
+    attention_memory.check_batch_memory(cost, (batch, 3, height, width))
