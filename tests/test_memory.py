@@ -2,6 +2,7 @@
 largest window and scale that fit, worked out, against the searches that try every size one
 step at a time; and the record of the free-GPU-memory API."""
 import math
+import re
 
 import numpy as np
 import paddle
@@ -10,8 +11,10 @@ from paddleseg.models.backbones import ResNet18_vd
 
 from conftest import autocast_state
 from psanet import compat
+from psanet.deploy import attention_memory
 from psanet.deploy.attention_memory import (AttentionCost, _shorten, largest_crop, largest_scale,
                                             scaled_size)
+from psanet.errors import DeployError
 from psanet.models import PSANet
 
 
@@ -215,10 +218,6 @@ def test_the_runtime_refuses_a_batch_that_does_not_fit_naming_windows_that_do(
     """An export's check (deploy.yaml's cost, no model): refused with one memory byte short
     of the model's own estimate, passed with it; the windows it names fit half the memory
     by the model's estimate and keep about the input's aspect."""
-    import re
-
-    from psanet.deploy import attention_memory
-    from psanet.errors import DeployError
     model = small_psanet(8, 2)
     cost = AttentionCost.of(model.attention_memory(64, 64))
     need = model.attention_memory(height, width, batch).peak_bytes
