@@ -84,7 +84,7 @@ that need it; the check that turns it off; where it lives.
    before 3.1.1, only the generic ``Place`` a tensor reports; the default device
    (``_current_expected_place()``) is such a class. It is wrapped in a generic
    ``Place``. None filed. Paddle 3.0 (3.1.0 not tried). ``PLACE_KIND.needed()``.
-   ``generic_place``, used by psanet/core/memory.py.
+   ``generic_place``, used by psanet/deploy/attention_memory.py.
 16. ``paddle.jit.save`` of a Layer wrapping another replaces the inner Layer's
    ``forward`` with a ``WeakMethod`` on 3.0.0, so a later export of that model
    itself (``--output_op none``) fails ("'WeakMethod' object has no attribute
@@ -104,7 +104,7 @@ that need it; the check that turns it off; where it lives.
    from 3.3 (3.3.1 has it, 3.2.2 not; 3.3.0 not tried). Before, the private
    ``paddle.base.core.gpu_memory_available()`` (GPU builds) says it for the
    current device. None filed. Paddle 3.0 to 3.2. ``FREE_GPU_MEMORY.needed()``.
-   ``free_gpu_memory``, used by psanet/core/memory.py; tests/test_memory.py
+   ``free_gpu_memory``, used by psanet/deploy/attention_memory.py; tests/test_memory.py
    checks the record.
 20. Paddle's ``BatchNorm`` warns "When training, we now always track global
    mean and variance." at every forward in training mode

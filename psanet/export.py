@@ -23,7 +23,7 @@ from psanet.contract import (DEFAULT_TRANSFORMS, DEPLOY_FILE, DEPLOY_SECTION, DY
 from psanet.core.config import ComponentBuilder, load_config
 from psanet.core.weights import load_model_weights
 from psanet.deploy.deploy_config import DeployConfig
-from psanet.deploy.memory import ATTENTION_MEMORY
+from psanet.deploy.attention_memory import ATTENTION_MEMORY, AttentionCost
 from psanet.deploy.predictor import PredictorOptions
 from psanet.deploy.processing import preprocess
 from psanet.deploy.backends import create_runner
@@ -276,8 +276,8 @@ def _write_export(model, val_transforms, save_dir, options, num_classes):
         deploy['num_classes'] = int(num_classes)
     plan = model.attention_memory(64, 64) if isinstance(model, PSANet) else None
     if plan is not None:  # the runtime checks each input against the memory before it runs
-        deploy[ATTENTION_MEMORY] = {'input_unit': int(plan.input_unit),
-                                    'bytes_per_element': int(plan.peak_bytes_per_element)}
+        deploy[ATTENTION_MEMORY] = {key: int(value) for key, value in
+                                    AttentionCost.of(plan)._asdict().items()}
     if options.onnx:
         export_onnx(save_dir)
         deploy['onnx'] = ONNX_FILE

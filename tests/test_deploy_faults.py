@@ -254,3 +254,25 @@ def test_more_cpu_threads_than_cores_are_cut_to_the_cores(caplog, monkeypatch):
     assert options.cpu_threads == cores
     assert f'--cpu_threads 4096 is more than the {cores} cores' in caplog.text
     assert PredictorOptions(cpu_threads=cores).cpu_threads == cores
+
+
+def test_paddle_alone_loads_a_file_cut_inside_its_last_tensor(exported, tmp_path):
+    """Why check_params_file walks the file: Paddle Inference builds a predictor from a
+    model.pdiparams cut inside its last tensor without a word, and for one cut earlier says
+    only 'Cannot read tensor desc size', naming no file. Fails once Paddle tells (then the
+    walk can go, docs/design.md)."""
+    from paddle import inference
+    _, save_dir = exported
+    size = os.path.getsize(os.path.join(save_dir, 'model.pdiparams'))
+    for cut, says in ((size - 100, None), (size // 3, 'Cannot read tensor desc size')):
+        folder = tmp_path / str(cut)
+        copy_export(save_dir, str(folder), cut_params=cut)
+        config = inference.Config(str(folder / 'model.json'), str(folder / 'model.pdiparams'))
+        config.disable_gpu()
+        config.disable_glog_info()
+        if says is None:
+            inference.create_predictor(config)
+        else:
+            with pytest.raises(Exception, match=says) as caught:
+                inference.create_predictor(config)
+            assert 'model.pdiparams' not in str(caught.value)

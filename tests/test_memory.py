@@ -1,6 +1,8 @@
-"""psanet.core.memory: the largest window and scale that fit, worked out, against the searches
-that try every size one step at a time; and the record of the free-GPU-memory API."""
+"""psanet.deploy.attention_memory: what an input's attention takes, as the model says it; the
+largest window and scale that fit, worked out, against the searches that try every size one
+step at a time; and the record of the free-GPU-memory API."""
 import math
+import re
 
 import numpy as np
 import paddle
@@ -9,7 +11,10 @@ from paddleseg.models.backbones import ResNet18_vd
 
 from conftest import autocast_state
 from psanet import compat
-from psanet.core.memory import _shorten, largest_crop, largest_scale, scaled_size
+from psanet.deploy import attention_memory
+from psanet.deploy.attention_memory import (AttentionCost, _shorten, largest_crop, largest_scale,
+                                            scaled_size)
+from psanet.errors import DeployError
 from psanet.models import PSANet
 
 
@@ -45,6 +50,19 @@ def crop_by_search(model, height, width, batch, budget, start=None):
         else:
             crop_w -= unit
     return crop_w, crop_h
+
+
+@pytest.mark.parametrize('output_stride, shrink_factor, psa_type', [(8, 2, 2), (16, 3, 0)])
+def test_the_cost_of_any_size_is_the_models_own_estimate(output_stride, shrink_factor,
+                                                         psa_type):
+    """One AttentionCost (what deploy.yaml records) gives every size's peak as the model's
+    plan of that size does."""
+    model = small_psanet(output_stride, shrink_factor, psa_type=psa_type)
+    cost = AttentionCost.of(model.attention_memory(64, 64))
+    for batch, height, width in [(1, 1, 1), (1, 64, 64), (2, 67, 90), (3, 129, 17),
+                                 (1, 1000, 333)]:
+        assert cost.peak_bytes(batch, height, width) == \
+            model.attention_memory(height, width, batch).peak_bytes, (batch, height, width)
 
 
 def crop_case(start, crop):
@@ -95,11 +113,11 @@ def test_largest_crop_is_what_the_search_finds(output_stride, shrink_factor):
     found = set()
     for height, width, batch, budget in cases(output_stride * 10 + shrink_factor, 150):
         budget = budget_of(model, height, width, batch, budget)
-        plan = model.attention_memory(height, width, batch)
+        cost = AttentionCost.of(model.attention_memory(height, width, batch))
         start = []
         expected = crop_by_search(model, height, width, batch, budget, start)
-        assert largest_crop(plan, height, width, budget) == expected, (height, width, batch,
-                                                                       budget)
+        assert largest_crop(cost, batch, height, width, budget) == expected, (
+            height, width, batch, budget)
         found.add(crop_case(start, expected))
     assert found == {'none', 'first', 'cut'}  # every way out was met
 
@@ -132,10 +150,10 @@ def test_largest_scale_is_what_the_search_finds(output_stride, shrink_factor):
     found = set()
     for height, width, batch, budget in cases(output_stride * 10 + shrink_factor + 1, 150):
         budget = budget_of(model, height, width, batch, budget)
-        plan = model.attention_memory(height, width, batch)
+        cost = AttentionCost.of(model.attention_memory(height, width, batch))
         expected = scale_by_search(model, height, width, batch, budget)
-        assert largest_scale(plan, height, width, budget) == expected, (height, width, batch,
-                                                                        budget)
+        assert largest_scale(cost, batch, height, width, budget) == expected, (
+            height, width, batch, budget)
         found.add('none' if expected is None else 'whole' if expected == 1.0 else 'smaller')
     assert found == {'none', 'whole', 'smaller'}
 
@@ -148,11 +166,12 @@ def test_the_closed_forms_follow_the_bytes_per_element(autocast, psa_softmax):
     with autocast_state(autocast, 'float16'):
         plan = model.attention_memory(300, 410)
         assert plan.peak_bytes_per_element == (10 if autocast else 4)
+        cost = AttentionCost.of(plan)
         for budget in (1e4, 3e5, 7e6):
-            assert largest_crop(plan, 300, 410, budget) == crop_by_search(model, 300, 410, 1,
-                                                                          budget)
-            assert largest_scale(plan, 300, 410, budget) == scale_by_search(model, 300, 410, 1,
-                                                                            budget)
+            assert largest_crop(cost, 1, 300, 410, budget) == crop_by_search(model, 300, 410, 1,
+                                                                             budget)
+            assert largest_scale(cost, 1, 300, 410, budget) == scale_by_search(model, 300, 410,
+                                                                               1, budget)
 
 
 def test_a_crop_fits_and_one_more_position_would_not():
@@ -161,7 +180,7 @@ def test_a_crop_fits_and_one_more_position_would_not():
     model = small_psanet(8, 2)
     plan = model.attention_memory(512, 1024)
     budget = plan.peak_bytes / 50
-    crop_w, crop_h = largest_crop(plan, 512, 1024, budget)
+    crop_w, crop_h = largest_crop(AttentionCost.of(plan), 1, 512, 1024, budget)
     unit = plan.input_unit
     assert fits(model, crop_h, crop_w, 1, budget)
     assert not fits(model, crop_h, crop_w + unit, 1, budget)
@@ -191,3 +210,24 @@ def test_free_gpu_memory_reads_what_cuda_reports(monkeypatch):
     else:
         monkeypatch.setattr(paddle.cuda, 'mem_get_info', mem_get_info)
         assert compat.free_gpu_memory(1) == 123 * 2 ** 20 and asked == [1]
+
+
+@pytest.mark.parametrize('batch, height, width', [(1, 1024, 2048), (2, 900, 600)])
+def test_the_runtime_refuses_a_batch_that_does_not_fit_naming_windows_that_do(
+        monkeypatch, batch, height, width):
+    """An export's check (deploy.yaml's cost, no model): refused with one memory byte short
+    of the model's own estimate, passed with it; the windows it names fit half the memory
+    by the model's estimate and keep about the input's aspect."""
+    model = small_psanet(8, 2)
+    cost = AttentionCost.of(model.attention_memory(64, 64))
+    need = model.attention_memory(height, width, batch).peak_bytes
+    for available in (need - 1, need // 30):
+        monkeypatch.setattr(attention_memory, 'host_memory_available', lambda: available)
+        with pytest.raises(DeployError) as caught:
+            attention_memory.check_batch_memory(cost, (batch, 3, height, width))
+        crop_w, crop_h = map(int, re.search(r'"crop_size": \[(\d+), (\d+)\]',
+                                            str(caught.value)).groups())
+        assert fits(model, crop_h, crop_w, batch, available / 2)
+        assert math.isclose(crop_w / crop_h, width / height, rel_tol=0.3)
+    monkeypatch.setattr(attention_memory, 'host_memory_available', lambda: need)
+    attention_memory.check_batch_memory(cost, (batch, 3, height, width))

@@ -10,7 +10,7 @@ import numpy as np
 
 from conftest import MINI_CONFIG, ROOT, run_process
 from psa_mask_reference import reference_forward
-from psanet.ops import build, library
+from psanet.ops import build, library as op_library
 
 
 def _cache_with_a_build(cache):
@@ -62,7 +62,7 @@ def test_a_cut_short_cached_library_is_built_again(tmp_path):
     np.testing.assert_array_equal(np.load(tmp_path / 'y.npy'),
                                   reference_forward(x, 'distribute', 3, 4))
     assert os.path.getsize(library) > len(head)
-    assert library.cache_dir() != str(cache)  # this process's cache was left alone
+    assert op_library.cache_dir() != str(cache)  # this process's cache was left alone
 
 
 def test_a_cache_folder_that_cannot_be_written_is_one_line_from_train_py(tmp_path,

@@ -24,7 +24,7 @@ from engine_helpers import assert_saved_masks_agree, mini_psanet_for_eval
 from psanet.cli import run_cli
 from psanet.core import dist
 from psanet.core import inference as infer
-from psanet.core import memory
+from psanet.deploy import attention_memory as memory
 from psanet.core.predict import DygraphRunner, predict, predict_from_config
 from psanet.core.val import evaluate_from_config
 from psanet.contract import check_outputs, get_image_list

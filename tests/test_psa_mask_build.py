@@ -137,7 +137,7 @@ def test_arch_list_the_installed_nvcc_lacks_fails_before_compiling(monkeypatch, 
 def fake_nvcc(tmp_path, monkeypatch):
     """make(release): an executable nvcc answering --version and --list-gpu-arch (CUDA
     13's list) that logs each call; a fresh per-process cache of nvcc's answers."""
-    monkeypatch.setattr(build, '_nvcc_answers', {})
+    build._ask_nvcc.cache_clear()
 
     def make(release='13.0'):
         home = tmp_path / f'cuda-{release}'
@@ -155,7 +155,8 @@ def fake_nvcc(tmp_path, monkeypatch):
             'esac\n')
         nvcc.chmod(0o755)
         return str(nvcc)
-    return make
+    yield make
+    build._ask_nvcc.cache_clear()  # the fakes' answers go with them
 
 
 def nvcc_calls(nvcc):
@@ -219,7 +220,7 @@ def test_cpu_key_is_as_before_and_asks_no_nvcc(fake_nvcc, monkeypatch):
 
 def test_a_new_arch_list_rebuilds_into_its_own_folder(fake_nvcc, monkeypatch, tmp_path):
     """The loader's side: a library built for 8.0 is not reused once 9.0 is asked for."""
-    from psanet.ops import library as loader
+    from psanet.ops import library
     monkeypatch.setenv('NVCC', fake_nvcc())
     monkeypatch.setenv('PSANET_OPS_CACHE', str(tmp_path / 'cache'))
     monkeypatch.setenv('PSANET_OPS_FORCE_JIT', '1')
@@ -233,8 +234,8 @@ def test_a_new_arch_list_rebuilds_into_its_own_folder(fake_nvcc, monkeypatch, tm
     paths = {}
     for arch_list in ('8.0', '9.0', '8.0'):
         monkeypatch.setenv('PADDLE_CUDA_ARCH_LIST', arch_list)
-        paths.setdefault(arch_list, loader.library_path())
-        assert loader.library_path() == paths[arch_list]
+        paths.setdefault(arch_list, library.library_path())
+        assert library.library_path() == paths[arch_list]
     assert built == [paths['8.0'], paths['9.0']] and paths['8.0'] != paths['9.0']
 
 

@@ -510,7 +510,7 @@ def test_an_image_whose_attention_does_not_fit_is_refused_before_it_runs(checkpo
     """The export route checks the memory as predict.py does: the need is the dygraph model's
     own plan (PSANet.attention_memory), the memory stood in (an 8000x8000 image of the mini PSANet
     needs 0.45 TiB; the runner is stood in too)."""
-    from psanet.deploy import memory
+    from psanet.deploy import attention_memory as memory
     model, _, export, _ = checkpoint
     seg = Segmenter.from_export(export, backend='paddle', cpu_threads=1)
     ran = []

@@ -4,7 +4,7 @@ Models follow paddleseg's convention: ``model(x)`` returns a list of logits,
 the main one first, at the input size; results are mapped back to the label
 size by undoing the transforms recorded in ``trans_info``. Before a model
 runs, the memory its attention maps will take is checked against the memory
-available (:func:`psanet.core.memory.check_attention_memory`). Why this is not
+available (:func:`psanet.deploy.attention_memory.check_attention_memory`). Why this is not
 ``paddleseg.core.infer``: docs/design.md.
 """
 import collections.abc
@@ -14,10 +14,11 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
-from psanet.core.memory import check_attention_memory, out_of_memory
-from psanet.core.memory import scaled_size as _scaled_size
 from psanet.core.options import InferenceOptions
+from psanet.deploy.attention_memory import check_attention_memory, out_of_memory
+from psanet.deploy.attention_memory import scaled_size as _scaled_size
 from psanet.errors import InferenceMemoryError
+from psanet.models import PSANet
 
 __all__ = ['reverse_transform', 'slide_windows', 'slide_inference', 'inference',
            'aug_inference', 'flip_combinations']
@@ -47,13 +48,19 @@ def reverse_transform(logit, trans_info, mode='bilinear'):
     return logit
 
 
+def _attention_memory(model):
+    """The model's plan of its attention memory (``PSANet.attention_memory``); None for a
+    model without one."""
+    return model.attention_memory if isinstance(model, PSANet) else None
+
+
 def _main_logit(model, x):
     try:
         logits = model(x)
     except InferenceMemoryError:
         raise
     except MemoryError as error:
-        raise out_of_memory(model, x, error) from error
+        raise out_of_memory(_attention_memory(model), x, error) from error
     if not isinstance(logits, collections.abc.Sequence):
         raise TypeError(f'{type(model).__name__} returned {type(logits).__name__}: a segmentation '
                         'model must return a list of logits, the main one first.')
@@ -131,7 +138,8 @@ def inference(model, image, trans_info=None, options=None):
     options = options or InferenceOptions()
     if options.aug_eval:
         return aug_inference(model, image, trans_info, options)
-    check_attention_memory(model, image, is_slide=options.is_slide, crop_size=options.crop_size)
+    check_attention_memory(_attention_memory(model), image, is_slide=options.is_slide,
+                           crop_size=options.crop_size)
     return _inference(model, image, trans_info, options)
 
 
@@ -189,8 +197,8 @@ def aug_inference(model, image, trans_info=None, options=None):
     """
     options = options or InferenceOptions()
     scales = list(options.scales)
-    check_attention_memory(model, image, scales=scales, is_slide=options.is_slide,
-                           crop_size=options.crop_size)
+    check_attention_memory(_attention_memory(model), image, scales=scales,
+                           is_slide=options.is_slide, crop_size=options.crop_size)
     height, width = int(image.shape[-2]), int(image.shape[-1])
     combos = flip_combinations(options.flip_horizontal, options.flip_vertical)
     total = None

@@ -1,4 +1,5 @@
 """Reads ``deploy.yaml``, the description ``export.py`` writes next to an exported model."""
+import math
 import os
 import struct
 
@@ -9,7 +10,7 @@ from psanet.contract import (DEFAULT_TRANSFORMS, DEPLOY_FILE, DEPLOY_SECTION, DY
                              PALETTES, read_json)
 from psanet.errors import DeployError
 
-from .memory import ATTENTION_MEMORY
+from .attention_memory import ATTENTION_MEMORY, AttentionCost
 
 __all__ = ['DeployConfig', 'graph_holds_custom_op', 'graph_parameters', 'check_params_file']
 
@@ -21,12 +22,8 @@ FILE_KEYS = {'model': 'model.json', 'params': 'model.pdiparams', 'onnx': 'model.
 MODEL_EXTENSIONS = ('.pdparams', '.pdiparams', '.pdmodel', '.pdopt', '.json', '.onnx')
 
 
-def graph_holds_custom_op(model_file):
-    """True if the saved PIR program (``model.json``) holds the custom ``psa_mask`` op.
-
-    Read from the graph itself, not from deploy.yaml, so a model exported by
-    other means (or a hand-edited yaml) still gets its op library loaded.
-    """
+def _pir_nodes(model_file):
+    """Every JSON object of the saved PIR program ``model_file`` (``model.json``)."""
     program = read_json(model_file, lambda reason: DeployError(
         f'cannot read the model graph {model_file}: {reason}. Export the model again with '
         'export.py.'))
@@ -34,83 +31,35 @@ def graph_holds_custom_op(model_file):
     while stack:
         node = stack.pop()
         if isinstance(node, dict):
-            # PIR serialises an op as {"#": "<dialect id>.<op name>", ...}.
-            name = node.get('#')
-            if isinstance(name, str) and name.split('.', 1)[-1] == CUSTOM_OP_NAME:
-                return True
+            yield node
             stack.extend(node.values())
         elif isinstance(node, list):
             stack.extend(node)
-    return False
 
 
-# Bytes per element of Paddle's VarType data types (framework.proto) that a
-# parameters file may hold.
-_ELEMENT_BYTES = {0: 1, 1: 2, 2: 4, 3: 8, 4: 2, 5: 4, 6: 8, 20: 1, 21: 1, 22: 2, 23: 8, 24: 16}
+def graph_holds_custom_op(model_file):
+    """True if the saved PIR program (``model.json``) holds the custom ``psa_mask`` op.
 
-
-def _varint(data, pos):
-    value = shift = 0
-    while True:
-        if pos >= len(data):
-            raise ValueError('truncated varint')
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if byte < 0x80:
-            return value, pos
-
-
-def _tensor_desc(data):
-    """(data type, dims) of a serialised VarType.TensorDesc (1: data_type, 2: dims)."""
-    pos, data_type, dims = 0, None, []
-    while pos < len(data):
-        key, pos = _varint(data, pos)
-        field, wire = key >> 3, key & 7
-        if wire == 0:
-            value, pos = _varint(data, pos)
-            if field == 1:
-                data_type = value
-            elif field == 2:
-                dims.append(value)
-        elif wire == 2:  # packed dims
-            length, pos = _varint(data, pos)
-            end = pos + length
-            while pos < end:
-                value, pos = _varint(data, pos)
-                if field == 2:
-                    dims.append(value)
-        else:
-            raise ValueError(f'unexpected wire type {wire}')
-    return data_type, dims
-
-
-class _CutShort(Exception):
-    pass
+    Read from the graph itself, not from deploy.yaml, so a model exported by
+    other means (or a hand-edited yaml) still gets its op library loaded.
+    """
+    # PIR serialises an op as {"#": "<dialect id>.<op name>", ...}.
+    return any(isinstance(node.get('#'), str) and
+               node['#'].split('.', 1)[-1] == CUSTOM_OP_NAME for node in _pir_nodes(model_file))
 
 
 def graph_parameters(model_file):
     """``[(name, shape)]`` of the parameters the saved PIR program declares, sorted by name
     (the order ``paddle.jit.save`` writes them to model.pdiparams)."""
-    program = read_json(model_file, lambda reason: DeployError(
-        f'cannot read the model graph {model_file}: {reason}. Export the model again with '
-        'export.py.'))
-    found, stack = [], [program]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            # PIR serialises a parameter as {"#": "p", "A": [..., name], "O": {"TT": {"D":
-            # [dtype, shape, ...]}}}.
-            if node.get('#') == 'p':
-                try:
-                    found.append((str(node['A'][-1]), [int(d) for d in node['O']['TT']['D'][1]]))
-                    continue
-                except (KeyError, IndexError, TypeError, ValueError):
-                    pass
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
+    found = []
+    for node in _pir_nodes(model_file):
+        # PIR serialises a parameter as {"#": "p", "A": [..., name], "O": {"TT": {"D":
+        # [dtype, shape, ...]}}}.
+        if node.get('#') == 'p':
+            try:
+                found.append((str(node['A'][-1]), [int(d) for d in node['O']['TT']['D'][1]]))
+            except (KeyError, IndexError, TypeError, ValueError):
+                pass
     return sorted(found)
 
 
@@ -131,6 +80,48 @@ def _check_params_fit(path, model_file, dims):
                           f': {fix}')
 
 
+class _CutShort(Exception):
+    pass
+
+
+def _tensor_dims(path, size):
+    """The dims of each tensor of the parameters file ``path`` (``size`` bytes), its data
+    skipped; None for a layout this walk does not know. Raises _CutShort(count, start)
+    where the file ends inside tensor ``count + 1``, which starts at byte ``start``."""
+    from google.protobuf.message import DecodeError
+    from paddle.base import core
+    from paddle.base.proto.framework_pb2 import VarType
+    dims = []
+    with open(path, 'rb') as f:
+        def read(count):
+            data = f.read(count)
+            if len(data) < count:
+                raise _CutShort(len(dims), start)
+            return data
+
+        while f.tell() < size:
+            start = f.tell()
+            version, lod_level = struct.unpack('<IQ', read(12))
+            if version != 0 or lod_level > 8:
+                return None
+            for _ in range(lod_level):
+                f.seek(struct.unpack('<Q', read(8))[0], os.SEEK_CUR)
+            version, desc_size = struct.unpack('<Ii', read(8))
+            if version != 0 or not 0 <= desc_size < 4096:
+                return None
+            try:
+                desc = VarType.TensorDesc.FromString(read(desc_size))
+                element_bytes = core.size_of_dtype(core.VarDesc.VarType(desc.data_type))
+            except (DecodeError, NotImplementedError):
+                return None
+            end = f.tell() + math.prod(desc.dims) * element_bytes
+            if end > size:
+                raise _CutShort(len(dims), start)
+            f.seek(end)
+            dims.append(list(desc.dims))
+    return dims
+
+
 def check_params_file(path, model_file=None):
     """Raises DeployError when ``path`` (a ``model.pdiparams``) ends inside a tensor, or, with
     ``model_file``, when its tensors are not the shapes that graph declares.
@@ -138,12 +129,12 @@ def check_params_file(path, model_file=None):
     The file holds the tensors ``paddle.jit.save`` wrote one after another, each
     ``uint32 version, uint64 lod_level, lod_level x (uint64 size, bytes),
     uint32 version, int32 desc size, TensorDesc, data`` (Paddle's
-    ``TensorToStream``). Paddle Inference says only "Cannot read tensor desc
-    size" for a file cut short, and loads one cut inside its last tensor
-    without a word, and runs parameters of another model's export (another
-    ``psa_channels``) without a word; walking the headers (the data is skipped,
-    not read) names the file and the fix. A layout this walk does not know
-    passes unchecked.
+    ``TensorToStream``); the TensorDesc is read with Paddle's own protobuf
+    definition. Paddle says only "Cannot read tensor desc size" for a file cut
+    short, loads one cut inside its last tensor without a word, and runs
+    parameters of another model's export (another ``psa_channels``) without a
+    word (docs/design.md); walking the headers (the data is skipped, not read)
+    names the file and the fix. A layout this walk does not know passes unchecked.
     """
     size = os.path.getsize(path)
     fix = ('it was cut short (an interrupted copy or download, or a full disk); export the '
@@ -151,46 +142,14 @@ def check_params_file(path, model_file=None):
            f'--save_dir {os.path.dirname(path) or "."}), or copy the whole file again.')
     if size == 0:
         raise DeployError(f'the parameters file {path} is empty: {fix}')
-    with open(path, 'rb') as f:
-        def read(count):
-            data = f.read(count)
-            if len(data) < count:
-                raise _CutShort
-            return data
-
-        tensors = start = 0
-        dims_read = []
-        try:
-            while f.tell() < size:
-                start = f.tell()
-                version, lod_level = struct.unpack('<IQ', read(12))
-                if version != 0 or lod_level > 8:
-                    return
-                for _ in range(lod_level):
-                    f.seek(struct.unpack('<Q', read(8))[0], os.SEEK_CUR)
-                version, desc_size = struct.unpack('<Ii', read(8))
-                if version != 0 or not 0 <= desc_size < 4096:
-                    return
-                try:
-                    data_type, dims = _tensor_desc(read(desc_size))
-                except ValueError:
-                    return
-                if data_type not in _ELEMENT_BYTES or any(d >= 2 ** 40 for d in dims):
-                    return
-                numel = 1
-                for d in dims:
-                    numel *= d
-                end = f.tell() + numel * _ELEMENT_BYTES[data_type]
-                if end > size:
-                    raise _CutShort
-                f.seek(end)
-                tensors += 1
-                dims_read.append(dims)
-        except _CutShort:
-            raise DeployError(f'the parameters file {path} ({size} bytes) ends inside its tensor '
-                              f'#{tensors + 1}, which starts at byte {start}: {fix}') from None
-    if model_file is not None:
-        _check_params_fit(path, model_file, dims_read)
+    try:
+        dims = _tensor_dims(path, size)
+    except _CutShort as cut:
+        tensors, start = cut.args
+        raise DeployError(f'the parameters file {path} ({size} bytes) ends inside its tensor '
+                          f'#{tensors + 1}, which starts at byte {start}: {fix}') from None
+    if model_file is not None and dims is not None:
+        _check_params_fit(path, model_file, dims)
 
 
 class DeployConfig:
@@ -302,10 +261,11 @@ class DeployConfig:
         return palette
 
     @property
-    def attention_memory(self):
-        """``(input_unit, bytes_per_element)`` of the model's attention maps (an N x 3 x H x
-        W input's peak at N * (ceil(H / unit) * ceil(W / unit))**2 elements), or None when
-        the export recorded none (a model without attention, an older export)."""
+    def attention_cost(self):
+        """The model's :class:`AttentionCost` (an N x 3 x H x W input's maps peak at
+        N * (ceil(H / input_unit) * ceil(W / input_unit))**2 elements of
+        bytes_per_element), or None when the export recorded none (a model without
+        attention, an older export)."""
         entry = self.dic.get(ATTENTION_MEMORY)
         if entry is None:
             return None
@@ -315,7 +275,7 @@ class DeployConfig:
             raise DeployError(f'{self.path}: Deploy.{ATTENTION_MEMORY} must hold input_unit and '
                               f'bytes_per_element, positive integers, got {entry!r}: fix it or '
                               'export the model again.')
-        return tuple(values)
+        return AttentionCost(*values)
 
     @property
     def holds_custom_op(self):

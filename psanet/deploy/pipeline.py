@@ -16,7 +16,7 @@ import numpy as np
 from psanet.errors import DeployError
 
 from .deploy_config import DeployConfig
-from .memory import check_attention_memory
+from .attention_memory import check_batch_memory
 from .predictor import (API_ENABLE_MKLDNN, DEFAULT_CPU_THREADS, DEFAULT_DEVICE, PredictorOptions,
                         default_cpu_threads)
 from .processing import postprocess, preprocess, restore_logits
@@ -93,21 +93,22 @@ class Pipeline:
             Default: 'none'.
         batch_size (int, optional): Images per run; consecutive images of one size after
             the transforms share a run. Default: 1.
-        backend (str, optional): What runs the model, for ``repr``: a runtime's name, or
+        backend (str, optional): What runs the model, for ``repr``: a backend's name, or
             'dygraph'. Default: None.
         deploy (DeployConfig, optional): The export the runner runs, if any. Default: None.
-        attention_memory (AttentionMemory, optional): The export's attention maps, checked
-            against the host's free memory before each run. Default: None (not checked).
+        attention_cost (AttentionCost, optional): What the export's attention maps take,
+            checked against the host's free memory before each run. Default: None (not
+            checked).
         workdir (tempfile.TemporaryDirectory, optional): A folder removed with the pipeline
             (``psanet.Segmenter.from_config``'s temporary export). Default: None.
     """
 
     def __init__(self, runner, transforms, output_op='none', batch_size=1, backend=None,
-                 deploy=None, attention_memory=None, workdir=None):
+                 deploy=None, attention_cost=None, workdir=None):
         self.runner, self.transforms, self.output_op = runner, transforms, output_op
         self.batch_size = _checked_batch_size(batch_size)
         self.backend, self.deploy = backend, deploy
-        self._attention, self._workdir = attention_memory, workdir
+        self._attention, self._workdir = attention_cost, workdir
 
     @classmethod
     def from_export(cls, path, backend=None, device=DEFAULT_DEVICE, cpu_threads=None, batch_size=1,
@@ -153,7 +154,7 @@ class Pipeline:
         batch_size = _checked_batch_size(batch_size)  # before a runner is made
         transforms = deploy.build_transforms()
         backend = backend or default_backend(deploy, options.device, int8)
-        attention = deploy.attention_memory
+        attention = deploy.attention_cost
         runner = create_runner(deploy, backend, options, int8)
         # The host's memory is checked; a GPU's free memory needs Paddle's CUDA calls.
         return cls(runner, transforms, deploy.output_op, batch_size, backend, deploy,
@@ -202,7 +203,7 @@ class Pipeline:
     def run(self, batch):
         """The runner's output for a preprocessed batch."""
         if self._attention is not None:
-            check_attention_memory(self._attention, batch.shape)
+            check_batch_memory(self._attention, batch.shape)
         output = self.runner.run(batch)
         if len(output) != len(batch):
             raise DeployError(f'{self.backend or type(self.runner).__name__} returned '

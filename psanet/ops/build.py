@@ -6,6 +6,7 @@ package) and the loader (just in time, into a cache folder keyed by
 architectures chosen and nvcc's version). Both write the library atomically,
 so a reader never sees a half-written file.
 """
+import functools
 import glob
 import hashlib
 import os
@@ -173,16 +174,11 @@ def plan_cuda(with_cuda=None, cpu_fallback=False, quiet=False):
     return None, warning
 
 
-_nvcc_answers = {}   # (nvcc, flag) -> its output, asked once per process
-
-
+@functools.lru_cache(maxsize=None)  # asked once per process
 def _ask_nvcc(nvcc, flag):
-    key = (nvcc, flag)
-    if key not in _nvcc_answers:
-        result = subprocess.run([nvcc, flag], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
-        _nvcc_answers[key] = (result.returncode, result.stdout)
-    return _nvcc_answers[key]
+    result = subprocess.run([nvcc, flag], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    return result.returncode, result.stdout
 
 
 def nvcc_release(nvcc):
@@ -238,12 +234,8 @@ def cuda_library_dirs(nvcc):
 
 
 def _existing(folders):
-    unique = []
-    for folder in folders:
-        folder = os.path.normpath(folder)
-        if os.path.isdir(folder) and folder not in unique:
-            unique.append(folder)
-    return unique
+    """The folders that exist, each once, in order."""
+    return list(dict.fromkeys(os.path.normpath(f) for f in folders if os.path.isdir(f)))
 
 
 def supported_cuda_archs(nvcc):

@@ -19,14 +19,13 @@ import paddle
 
 from psanet.errors import ConfigError
 from psanet.ops import COLLECT, DISTRIBUTE
-from psanet.visualize.drawing import BLACK, FONT, GREY, WHITE, text_width
+from psanet.visualize.drawing import heat_map, hstack, legend, mark, scaled, text_band, vstack
 
 __all__ = ['AttentionRecord', 'MapGeometry', 'capture_attention', 'point_maps', 'branch_map',
            'parse_points', 'check_points', 'psa_branches', 'attention_figures']
 
 # Panels are drawn at least this tall (small images are upscaled) and at most this tall.
 _MIN_PANEL_HEIGHT, _MAX_PANEL_HEIGHT = 256, 512
-_GAP = 8
 
 
 # ---------------------------------------------------------------------------
@@ -233,116 +232,13 @@ def check_points(points, image_size, image_name=''):
 
 
 # ---------------------------------------------------------------------------
-# Drawing helpers
+# Attention figures
 # ---------------------------------------------------------------------------
-
-def _font_scale(text, width, largest=0.55, smallest=0.35):
-    scale = largest
-    while scale > smallest and cv2.getTextSize(text, FONT, scale, 1)[0][0] > width:
-        scale -= 0.05
-    return scale
-
-
-def _text_band(width, lines, largest=0.55, background=WHITE, thickness=1):
-    """A band ``width`` wide with one line of black text per item."""
-    line_height = int(round(40 * largest))
-    band = np.full((len(lines) * line_height + 8, width, 3), background, np.uint8)
-    for i, line in enumerate(lines):
-        scale = _font_scale(line, width - 8, largest)
-        cv2.putText(band, line, (4, (i + 1) * line_height - 4), FONT, scale, BLACK, thickness,
-                    cv2.LINE_AA)
-    return band
-
-
-def _pad_to(image, height, width):
-    padded = np.full((height, width, 3), 255, np.uint8)
-    padded[:image.shape[0], :image.shape[1]] = image
-    return padded
-
-
-def _hstack(images):
-    height = max(image.shape[0] for image in images)
-    gap = np.full((height, _GAP, 3), 255, np.uint8)
-    parts = []
-    for image in images:
-        parts += [_pad_to(image, height, image.shape[1]), gap]
-    return np.hstack(parts[:-1])
-
-
-def _vstack(images):
-    width = max(image.shape[1] for image in images)
-    gap = np.full((_GAP, width, 3), 255, np.uint8)
-    parts = []
-    for image in images:
-        parts += [_pad_to(image, image.shape[0], width), gap]
-    return np.vstack(parts[:-1])
-
 
 def _panel_scale(height):
     if height < _MIN_PANEL_HEIGHT:
         return math.ceil(_MIN_PANEL_HEIGHT / height)
     return min(1.0, _MAX_PANEL_HEIGHT / height)
-
-
-def _scaled(image, scale, nearest=False):
-    if scale == 1:
-        return image.copy()
-    size = (max(1, round(image.shape[1] * scale)), max(1, round(image.shape[0] * scale)))
-    return cv2.resize(image, size, interpolation=cv2.INTER_NEAREST if nearest else
-                      cv2.INTER_LINEAR if scale > 1 else cv2.INTER_AREA)
-
-
-def _mark(panel, point, scale):
-    """The scaled ``panel`` framed, with a circle and a cross at image pixel ``point``.
-
-    Black under white, to show on any colour; the white margin keeps the whole
-    marker in view at the image's edges.
-    """
-    radius = max(6, int(round(min(panel.shape[:2]) / 40)))
-    margin = 2 * radius + 2
-    framed = cv2.copyMakeBorder(panel, margin, margin, margin, margin, cv2.BORDER_CONSTANT,
-                                value=WHITE)
-    cv2.rectangle(framed, (margin - 1, margin - 1),
-                  (margin + panel.shape[1], margin + panel.shape[0]), GREY, 1)
-    x, y = ((c + 0.5) * scale - 0.5 + margin for c in point)
-    centre = (int(round(x)), int(round(y)))
-    for colour, thickness in ((BLACK, 4), (WHITE, 2)):
-        cv2.circle(framed, centre, radius, colour, thickness, cv2.LINE_AA)
-        for dx, dy in ((1, 0), (0, 1)):
-            start = (centre[0] - 2 * radius * dx, centre[1] - 2 * radius * dy)
-            end = (centre[0] + 2 * radius * dx, centre[1] + 2 * radius * dy)
-            cv2.line(framed, start, end, colour, thickness, cv2.LINE_AA)
-    return framed
-
-
-def _heat(image, values):
-    """``values`` [H, W] in JET (blue low, red high, its own min..max) over the image in grey."""
-    low, high = float(values.min()), float(values.max())
-    spread = (values - low) / (high - low) if high > low else np.zeros_like(values)
-    heat = cv2.applyColorMap(np.clip(spread * 255, 0, 255).astype(np.uint8), cv2.COLORMAP_JET)
-    grey = cv2.cvtColor(cv2.cvtColor(image, cv2.COLOR_BGR2GRAY), cv2.COLOR_GRAY2BGR)
-    return cv2.addWeighted(grey, 0.4, heat, 0.6, 0)
-
-
-def _legend(width, classes, palette, names):
-    """Colour swatches with the names of ``classes``, wrapped to ``width``."""
-    band = np.full((3 * 22 + 6, width, 3), 255, np.uint8)
-    x, row, shown = 4, 0, 0
-    for cls in classes:
-        name = _name(names, cls)
-        name_width = text_width(name, 0.45)
-        if x + 18 + name_width > width - 4:
-            x, row = 4, row + 1
-        if row == 3:
-            break
-        top = 4 + row * 22
-        cv2.rectangle(band, (x, top + 2), (x + 14, top + 16), tuple(int(c) for c in palette[cls]),
-                      -1)
-        cv2.rectangle(band, (x, top + 2), (x + 14, top + 16), GREY, 1)
-        cv2.putText(band, name, (x + 18, top + 15), FONT, 0.45, BLACK, 1, cv2.LINE_AA)
-        x += 18 + name_width + 12
-        shown += 1
-    return band[:4 + (row + 1) * 22 + 2] if shown else band[:0]
 
 
 _DIRECTION_TITLES = {
@@ -355,35 +251,32 @@ def _point_figure(image, point, records, geometries, segmentation, names):
     """[image + point | one heat map per branch | prediction], titled, for one point."""
     scale = _panel_scale(image.shape[0])
     x, y = point
-    panels = [(_mark(_scaled(image, scale), point, scale),
+    panels = [(mark(scaled(image, scale), point, scale),
                ['image, p marked', f'{image.shape[1]}x{image.shape[0]} pixels'])]
     for record, geometry in zip(records, geometries):
         row, col = geometry.cell(x, y)
         values = branch_map(record, row, col)
-        heat = _heat(image, geometry.upsample(values))
+        heat = heat_map(image, geometry.upsample(values))
         title, which = _DIRECTION_TITLES[record.psa_type]
-        panels.append((_mark(_scaled(heat, scale), point, scale),
+        panels.append((mark(scaled(heat, scale), point, scale),
                        [title, f'{which}; p in map cell (row {row}, col {col}) of '
                         f'{record.map_size[0]}x{record.map_size[1]}',
                         f'blue {values.min():.2g} .. red {values.max():.2g}']))
     label, palette = segmentation
-    seg = _mark(_scaled(palette[label], scale, nearest=True), point, scale)
+    seg = mark(scaled(palette[label], scale, nearest=True), point, scale)
     classes, counts = np.unique(label, return_counts=True)
-    legend = _legend(seg.shape[1], classes[np.argsort(-counts)], palette, names)
-    panels.append((np.vstack([seg, legend]), ['prediction', f'class at p: '
-                                              f'{_name(names, int(label[y, x]))}']))
+    swatches = legend(seg.shape[1], [(_name(names, cls), palette[cls])
+                                     for cls in classes[np.argsort(-counts)]])
+    panels.append((np.vstack([seg, swatches]),
+                   ['prediction', f'class at p: {_name(names, int(label[y, x]))}']))
     lines = max(len(text) for _, text in panels)
-    return _hstack([np.vstack([_text_band(panel.shape[1], text + [''] * (lines - len(text))),
-                               panel]) for panel, text in panels])
+    return hstack([np.vstack([text_band(panel.shape[1], text + [''] * (lines - len(text))),
+                              panel]) for panel, text in panels])
 
 
 def _name(names, cls):
     return names[cls] if cls < len(names) else f'class {cls}'
 
-
-# ---------------------------------------------------------------------------
-# Attention figures
-# ---------------------------------------------------------------------------
 
 def attention_figures(image, points, records, geometries, prediction, names, title=''):
     """The attention figures of ``points``: one per point, and a sheet of all.
@@ -409,7 +302,7 @@ def attention_figures(image, points, records, geometries, prediction, names, tit
     """
     figures = [_point_figure(image, point, records, geometries, prediction, names)
                for point in points]
-    figures = [np.vstack([_text_band(figure.shape[1], [f'{title}   point p = ({x}, {y})'.strip()],
+    figures = [np.vstack([text_band(figure.shape[1], [f'{title}   point p = ({x}, {y})'.strip()],
                                      0.6, (235, 235, 235), 2), figure])
                for figure, (x, y) in zip(figures, points)]
-    return figures, _vstack(figures)
+    return figures, vstack(figures)

@@ -10,7 +10,8 @@ import cv2
 import numpy as np
 
 from psanet.contract import palette_for
-from psanet.visualize.drawing import BLACK, FONT, GREY, WHITE, text_width, write_png
+from psanet.visualize.drawing import (BLACK, GREY, WHITE, put_text, text_width, vertical_text,
+                                      write_png)
 
 __all__ = ['class_names', 'normalized_confusion', 'iou_bar_chart', 'confusion_matrix_image',
            'write_evaluation_figures', 'log_evaluation_figures', 'EVALUATION_FIGURES']
@@ -62,20 +63,16 @@ def iou_bar_chart(class_iou, class_names, miou):
     height = top + row_height * len(class_iou) + bottom
     width = left + bar_width + 70
     image = np.full((height, width, 3), 255, np.uint8)
-    cv2.putText(image, f'Per-class IoU ({len(class_iou)} classes)', (8, 22), FONT, 0.6, BLACK,
-                1, cv2.LINE_AA)
+    put_text(image, f'Per-class IoU ({len(class_iou)} classes)', (8, 22), 0.6)
     for tick in np.linspace(0, 1, 6):
         x = left + int(round(tick * bar_width))
         cv2.line(image, (x, top - 4), (x, height - bottom), (225, 225, 225), 1)
-        cv2.putText(image, f'{tick:.1f}', (x - 10, height - bottom + 18), FONT, 0.45, BLACK, 1,
-                    cv2.LINE_AA)
-    cv2.putText(image, 'IoU', (left + bar_width // 2 - 12, height - 4), FONT, 0.45, BLACK, 1,
-                cv2.LINE_AA)
+        put_text(image, f'{tick:.1f}', (x - 10, height - bottom + 18), 0.45)
+    put_text(image, 'IoU', (left + bar_width // 2 - 12, height - 4), 0.45)
     values = []
     for i, (name, iou) in enumerate(zip(class_names, class_iou)):
         y = top + i * row_height
-        cv2.putText(image, name, (left - 8 - text_width(name, scale), y + 16), FONT, scale,
-                    BLACK, 1, cv2.LINE_AA)
+        put_text(image, name, (left - 8 - text_width(name, scale), y + 16), scale)
         if np.isnan(iou):
             values.append(('n/a', left + 4, y))
             continue
@@ -87,10 +84,10 @@ def iou_bar_chart(class_iou, class_names, miou):
     cv2.line(image, (x, top - 6), (x, height - bottom), (40, 40, 220), 2)
     label = f'mIoU {miou:.4f}'
     label_x = min(max(x - text_width(label, 0.5) // 2, left), width - text_width(label, 0.5) - 4)
-    cv2.putText(image, label, (label_x, top - 12), FONT, 0.5, (40, 40, 220), 1, cv2.LINE_AA)
+    put_text(image, label, (label_x, top - 12), 0.5, (40, 40, 220))
     for text, x, y in values:  # over the mIoU line, on white
         cv2.rectangle(image, (x - 1, y + 4), (x + text_width(text, 0.45) + 1, y + 20), WHITE, -1)
-        cv2.putText(image, text, (x, y + 16), FONT, 0.45, BLACK, 1, cv2.LINE_AA)
+        put_text(image, text, (x, y + 16), 0.45)
     return image
 
 
@@ -99,14 +96,6 @@ def _blues(values):
     low, high = np.array(WHITE, np.float64), np.array((107, 48, 8), np.float64)
     values = np.clip(np.asarray(values, np.float64), 0, 1)[..., None]
     return (low + (high - low) * values).round().astype(np.uint8)
-
-
-def _vertical_text(text, scale, colour=BLACK):
-    """``text`` drawn bottom to top, on white."""
-    (width, height), base = cv2.getTextSize(text, FONT, scale, 1)
-    band = np.full((height + base + 4, width + 4, 3), 255, np.uint8)
-    cv2.putText(band, text, (2, height + 2), FONT, scale, colour, 1, cv2.LINE_AA)
-    return cv2.rotate(band, cv2.ROTATE_90_COUNTERCLOCKWISE)
 
 
 def confusion_matrix_image(confusion, class_names):
@@ -134,17 +123,15 @@ def confusion_matrix_image(confusion, class_names):
     height = top + matrix_size + 20
     width = max(left + matrix_size + 90, text_width(title, 0.6) + 16)
     image = np.full((height, width, 3), 255, np.uint8)
-    cv2.putText(image, title, (8, 22), FONT, 0.6, BLACK, 1, cv2.LINE_AA)
-    cv2.putText(image, 'prediction', (left + matrix_size // 2 - 40, 48), FONT, 0.5, BLACK, 1,
-                cv2.LINE_AA)
-    axis = _vertical_text('ground truth', 0.5)
+    put_text(image, title, (8, 22), 0.6)
+    put_text(image, 'prediction', (left + matrix_size // 2 - 40, 48), 0.5)
+    axis = vertical_text('ground truth', 0.5)
     y = top + max(0, (matrix_size - axis.shape[0]) // 2)
     image[y:y + axis.shape[0], 4:4 + axis.shape[1]] = axis[:height - y]
     for i, name in enumerate(class_names):
         y = top + i * cell
-        cv2.putText(image, name, (left - 6 - text_width(name, scale), y + cell // 2 + 5), FONT,
-                    scale, BLACK, 1, cv2.LINE_AA)
-        label = _vertical_text(name, scale)
+        put_text(image, name, (left - 6 - text_width(name, scale), y + cell // 2 + 5), scale)
+        label = vertical_text(name, scale)
         x = left + i * cell + (cell - label.shape[1]) // 2
         image[top - 6 - label.shape[0]:top - 6, x:x + label.shape[1]] = label
     empty = np.isnan(shares).all(axis=1)
@@ -161,8 +148,8 @@ def confusion_matrix_image(confusion, class_names):
             if share >= 0.005:
                 text = f'{100 * share:.0f}'
                 x = left + j * cell + (cell - text_width(text, 0.4)) // 2
-                cv2.putText(image, text, (x, y + cell // 2 + 5), FONT, 0.4,
-                            WHITE if share > 0.5 else BLACK, 1, cv2.LINE_AA)
+                put_text(image, text, (x, y + cell // 2 + 5), 0.4,
+                         WHITE if share > 0.5 else BLACK)
     for k in range(count + 1):
         cv2.line(image, (left, top + k * cell), (left + matrix_size, top + k * cell),
                  (210, 210, 210), 1)
@@ -172,15 +159,14 @@ def confusion_matrix_image(confusion, class_names):
         corner = left + k * cell, top + k * cell
         cv2.rectangle(image, corner, (corner[0] + cell, corner[1] + cell), (60, 60, 60), 1)
     for k in np.flatnonzero(empty):
-        cv2.putText(image, 'no ground-truth pixels', (left + 6, top + k * cell + cell // 2 + 5),
-                    FONT, scale, GREY, 1, cv2.LINE_AA)
+        put_text(image, 'no ground-truth pixels', (left + 6, top + k * cell + cell // 2 + 5),
+                 scale, GREY)
     bar_x = left + matrix_size + 16
     ramp = _blues(np.linspace(1, 0, matrix_size))[:, None]
     image[top:top + matrix_size, bar_x:bar_x + 16] = np.repeat(ramp, 16, axis=1)
     cv2.rectangle(image, (bar_x, top), (bar_x + 15, top + matrix_size - 1), GREY, 1)
     for share, y in ((1, top + 10), (0.5, top + matrix_size // 2 + 5), (0, top + matrix_size)):
-        cv2.putText(image, f'{100 * share:.0f}%', (bar_x + 20, y), FONT, 0.45, BLACK, 1,
-                    cv2.LINE_AA)
+        put_text(image, f'{100 * share:.0f}%', (bar_x + 20, y), 0.45)
     return image
 
 
