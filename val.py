@@ -4,7 +4,7 @@
         --model_path output/best_model/model.pdparams
     python val.py ... --save_dir output/results   # + Cityscapes *_labelIds.png for the official
     CITYSCAPES_DATASET=data/cityscapes CITYSCAPES_RESULTS=output/results \
-        csEvalPixelLevelSemanticLabeling
+        python tools/evaluate_cityscapes.py
 """
 import argparse
 

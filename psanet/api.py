@@ -7,7 +7,7 @@
 ``from_export`` and everything a Segmenter does come from the deploy package's
 :class:`psanet.deploy.pipeline.Pipeline`, which loads no model code;
 ``from_config`` adds the build side (config, models, export), loaded when it is
-called: a checkpoint exported and run in a runtime, or run as the dygraph model
+called: a checkpoint exported and run in a backend, or run as the dygraph model
 (``backend='dygraph'``) with predict.py's windows, scales and flips.
 """
 import os
@@ -19,7 +19,7 @@ from psanet.errors import DeployError
 
 __all__ = ['Segmenter']
 
-# What the dygraph route takes of from_export's options (the rest set up an export's runtime).
+# What the dygraph route takes of from_export's options (the rest set up an export's backend).
 DYGRAPH_OPTIONS = ('device', 'batch_size')
 BACKENDS = ('dygraph',) + EXPORT_BACKENDS
 
@@ -30,7 +30,7 @@ class Segmenter(Pipeline):
     @classmethod
     def from_config(cls, config, weights, backend=None, save_dir=None, inference=None,
                     **options):
-        """A trained checkpoint: exported and run in a runtime, or run as the dygraph model.
+        """A trained checkpoint: exported and run in a backend, or run as the dygraph model.
 
         Args:
             config (str): The training config.
@@ -53,7 +53,7 @@ class Segmenter(Pipeline):
         """
         if backend is not None and backend not in BACKENDS:
             raise DeployError(f'backend must be one of {BACKENDS} (or None: the fastest '
-                              f'installed runtime), got {backend!r}.')
+                              f'installed backend), got {backend!r}.')
         if backend == 'dygraph':
             return cls._dygraph(config, weights, save_dir, inference, options)
         if inference is not None:

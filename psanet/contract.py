@@ -1,11 +1,11 @@
-"""What the engine, export and the deploy runtime agree on, in one small module.
+"""What the engine, export and the deploy package agree on, in one small module.
 
 The files of an export and ``deploy.yaml``'s names, the exported graph's input name and
 output ops, the palettes and which dataset gets which, which files are images to predict,
 how a JSON file or an image is read, and a prediction's two files (a palette PNG of class
 ids in ``<save_dir>/pseudo_color_prediction/``, the image blended with the class colours in
 ``<save_dir>/added_prediction/``). It imports only :mod:`psanet.errors` and
-:mod:`psanet.files` of ours, so the runtime can use it without the engine.
+:mod:`psanet.files` of ours, so the deploy package can use it without the engine.
 """
 import contextlib
 import io

@@ -2,9 +2,10 @@
 Inference, optionally ``model.onnx``, and the ``deploy.yaml`` that names them.
 
 The build side of deployment: it imports the models, the engine's config and
-checkpoints, and the runtime's predictor to check what it wrote against the
-dygraph model (:func:`compare_with_dygraph`); nothing imports it. Output ops,
-op forms and PaddleSeg's contract: docs/deploy.md.
+weights, and the deploy package's runners to check what it wrote against the
+dygraph model (:func:`compare_with_dygraph`); in the package only
+``Segmenter.from_config`` imports it, when called. Output ops, op forms and
+PaddleSeg's contract: docs/deploy.md.
 """
 import os
 from dataclasses import dataclass, field
@@ -95,7 +96,7 @@ class ExportOptions:
         output_op (str, optional): 'argmax' (int32 class ids [N, H, W]), 'softmax'
             (probabilities [N, C, H, W]) or 'none' (logits [N, C, H, W]), as PaddleSeg's
             export.py. Default: 'argmax'.
-        psa_impl (str, optional): 'custom' (the C++/CUDA op; the runtime loads its
+        psa_impl (str, optional): 'custom' (the C++/CUDA op; Paddle Inference loads its
             library) or 'paddle' (standard ops only; converts to ONNX). Default: 'custom'.
         onnx (bool, optional): Also write model.onnx (needs psa_impl='paddle', paddle2onnx
             and onnxruntime). Default: False.
@@ -275,7 +276,7 @@ def _write_export(model, val_transforms, save_dir, options, num_classes):
     if num_classes is not None:
         deploy['num_classes'] = int(num_classes)
     plan = model.attention_memory(64, 64) if isinstance(model, PSANet) else None
-    if plan is not None:  # the runtime checks each input against the memory before it runs
+    if plan is not None:  # Pipeline.run checks each input against the memory before it runs
         deploy[ATTENTION_MEMORY] = {key: int(value) for key, value in
                                     AttentionCost.of(plan)._asdict().items()}
     if options.onnx:

@@ -8,7 +8,7 @@ file, :func:`write_folder` a folder (the old one moved aside, then deleted), and
 write into. A write that fails for lack of space is a
 :class:`~psanet.errors.DiskFullError` naming the folder and its free space. Every writer of
 the package comes here but the op's build (:mod:`psanet.ops` imports nothing of ours); it
-imports only :mod:`psanet.errors` of ours, so that the engine, the runtime and the data
+imports only :mod:`psanet.errors` of ours, so that the engine, the deploy package and the data
 tools all can.
 """
 import contextlib

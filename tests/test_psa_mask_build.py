@@ -1,6 +1,6 @@
 """Building the PSA mask op: the CUDA library builds and links end to end for the
 architectures chosen, the JIT cache key follows those architectures and nvcc's
-version (a CPU build's key stays as it was), a CUDA Paddle without nvcc gets the
+version (a CPU build's key holds no architecture or nvcc), a CUDA Paddle without nvcc gets the
 CPU-only library with one warning (setup.py: an error), an nvcc of another CUDA
 major is one warning, first loads share one build, loading a built library
 prints no ccache warning, and a missing compiler gives one clear error.

@@ -1,6 +1,6 @@
 """INT8 post-training quantisation (export --quantize int8): which operators are INT8 and how
 (per-channel weights), that the attention stays float, the INT8 model in the API's ONNX
-runtimes against the float one, and the one-line refusals before any work."""
+backends against the float one, and the one-line refusals before any work."""
 import importlib.util
 import os
 

@@ -1,8 +1,8 @@
-"""The Python API (psanet.Segmenter): a checkpoint and an export in every installed runtime
+"""The Python API (psanet.Segmenter): a checkpoint and an export in every installed backend
 against the dygraph model, the checkpoint run as the dygraph model itself (whole, flipped
 and averaged, in windows) against the model's own outputs computed here, batching over
 images of two sizes, logits and labels at the image's size after a resize, the default
-runtime, and its one-line errors (bad images, a runtime not installed, options of the other
+backend, and its one-line errors (bad images, a backend not installed, options of the other
 route)."""
 import os
 

@@ -34,7 +34,8 @@ FLAGS = (
     ('save_dir', str, './output', 'pseudo_color_prediction/ and added_prediction/ go here.'),
     ('device', str, DEFAULT_DEVICE, 'cpu or gpu.'),
     ('use_trt', str2bool, False, 'TensorRT subgraphs (GPU).'),
-    ('precision', str, 'fp32', 'fp32, or fp16/int8 with --use_trt True on the GPU.'),
+    ('precision', str, 'fp32', 'fp32; fp16 with --use_trt True on the GPU; int8 with --backend '
+     'onnxruntime or openvino (the INT8 model, on the CPU).'),
     ('enable_mkldnn', str2bool, INFER_ENABLE_MKLDNN, 'oneDNN for the CPU convolutions.'),
     ('cpu_threads', int, None, f'Math library threads on the CPU. Default: '
      f'{DEFAULT_CPU_THREADS}, or the cores this process may use when fewer.'),

@@ -4,8 +4,8 @@
 scales and flips, precision), for evaluation and prediction alike.
 ``EvalOptions``: an evaluation job (val.py): its ``InferenceOptions``, data
 loading, where predictions go. ``TrainOptions``: a training job (train.py),
-with the ``InferenceOptions`` of its evaluations, which also hold the
-precision every forward of the job runs in.
+with the ``EvalOptions`` of its evaluations, whose ``InferenceOptions`` also
+hold the precision every forward of the job runs in.
 
 Each is checked in its ``__post_init__`` and nowhere else; ``from_flags`` /
 ``from_config`` only merge the command line over the config and say where each

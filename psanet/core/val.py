@@ -5,7 +5,7 @@ per-class intersection / prediction / label areas are summed over ranks, so a
 distributed run reports exactly the single-process numbers. With
 ``save_dir`` the predictions are also written as PNGs: Cityscapes label ids
 named ``<city>_<seq>_<frame>_labelIds.png`` for the official evaluator
-(``CITYSCAPES_RESULTS=<save_dir> csEvalPixelLevelSemanticLabeling``), or the
+(``CITYSCAPES_RESULTS=<save_dir> python tools/evaluate_cityscapes.py``), or the
 raw class ids for other datasets.
 """
 import os

@@ -5,10 +5,10 @@ An N x 3 x H x W input's maps have ``N * cells**2`` elements, ``cells = ceil(H /
 * ceil(W / input_unit)``, each taking ``bytes_per_element`` at the peak (the map and its
 softmax): an :class:`AttentionCost`. The model says both numbers
 (``PSANet.attention_memory``); export.py records them in deploy.yaml (``attention_memory``)
-for the runtime. The largest window or scale that fits is worked out from the number of
+for the deploy package. The largest window or scale that fits is worked out from the number of
 cells the memory holds, not searched for. The engine's inference
-(:func:`check_attention_memory`, :func:`out_of_memory`) and the runtime
-(:func:`check_batch_memory`) check here.
+(:func:`check_attention_memory`, :func:`out_of_memory`) and the deploy package's
+:class:`~psanet.deploy.pipeline.Pipeline` (:func:`check_batch_memory`) check here.
 """
 import math
 from typing import NamedTuple
@@ -285,7 +285,7 @@ def check_attention_memory(attention_memory, image, scales=None, is_slide=False,
 
 def check_batch_memory(cost, shape):
     """Raises DeployError when the attention maps of a batch of ``shape`` (N, 3, H, W)
-    cannot fit in the host's available memory (the runtime would abort or swap), naming a
+    cannot fit in the host's available memory (the backend would abort or swap), naming a
     window that fits half of it.
 
     Args:

@@ -230,7 +230,7 @@ class DeployConfig:
 
     @property
     def onnx_int8(self):
-        """Path of the INT8 model.onnx psanet.deploy.quantize wrote, or None."""
+        """Path of the INT8 model (model_int8.onnx) psanet.deploy.quantize wrote, or None."""
         return self._file('onnx_int8') if self.dic.get('onnx_int8') else None
 
     @property
@@ -264,8 +264,8 @@ class DeployConfig:
     def attention_cost(self):
         """The model's :class:`AttentionCost` (an N x 3 x H x W input's maps peak at
         N * (ceil(H / input_unit) * ceil(W / input_unit))**2 elements of
-        bytes_per_element), or None when the export recorded none (a model without
-        attention, an older export)."""
+        bytes_per_element), or None when deploy.yaml has no ``attention_memory`` entry
+        (a model without PSA branches, or an export that did not write one)."""
         entry = self.dic.get(ATTENTION_MEMORY)
         if entry is None:
             return None

@@ -1,4 +1,4 @@
-"""A segmentation model as a function from images to label maps: the runtime half of the API.
+"""A segmentation model as a function from images to label maps: the deploy half of the API.
 
 :class:`Pipeline` reads images (paths or BGR arrays), applies the val
 transforms, runs a runner (anything with ``run(batch) -> output``) on batches of
@@ -113,7 +113,7 @@ class Pipeline:
     @classmethod
     def from_export(cls, path, backend=None, device=DEFAULT_DEVICE, cpu_threads=None, batch_size=1,
                     enable_mkldnn=API_ENABLE_MKLDNN, int8=False, workdir=None):
-        """The export in ``path`` (deploy.yaml or its folder) in one runtime.
+        """The export in ``path`` (deploy.yaml or its folder) in one backend.
 
         Args:
             path (str): deploy.yaml or the folder holding it.
@@ -121,7 +121,7 @@ class Pipeline:
                 or 'openvino'. Default: the fastest installed one that runs the export on
                 ``device`` (:func:`psanet.deploy.backends.default_backend`).
             device (str, optional): 'cpu' or 'gpu'. Default: 'cpu', as infer.py's --device.
-            cpu_threads (int, optional): Threads of the runtime on the CPU. Default: as
+            cpu_threads (int, optional): Threads of the backend on the CPU. Default: as
                 infer.py's --cpu_threads, PaddleSeg's 10, or the CPUs this process may use
                 when fewer.
             batch_size (int, optional): As ``Segmenter``. Default: 1.
@@ -147,7 +147,7 @@ class Pipeline:
     @classmethod
     def from_deploy(cls, deploy, backend=None, options=None, int8=False, batch_size=1,
                     workdir=None):
-        """The export ``deploy`` in ``backend`` with every runtime option
+        """The export ``deploy`` in ``backend`` with every predictor option
         (:class:`psanet.deploy.predictor.PredictorOptions`: TensorRT, precision, ...), as
         deploy/python/infer.py runs it; ``backend`` None picks as ``from_export`` does."""
         options = options or PredictorOptions()
@@ -162,7 +162,7 @@ class Pipeline:
 
     def __repr__(self):
         source = self.deploy.dir if self.deploy is not None else type(self.runner).__name__
-        return (f'Segmenter({source!r}, backend={self.backend!r}, output_op='
+        return (f'{type(self).__name__}({source!r}, backend={self.backend!r}, output_op='
                 f'{self.output_op!r}, batch_size={self.batch_size})')
 
     def __call__(self, images):
@@ -208,7 +208,7 @@ class Pipeline:
         if len(output) != len(batch):
             raise DeployError(f'{self.backend or type(self.runner).__name__} returned '
                               f'{len(output)} outputs for a batch of {len(batch)} (shape '
-                              f'{list(batch.shape)}): the runtime cannot run this input; try '
+                              f'{list(batch.shape)}): the backend cannot run this input; try '
                               'another backend, or images of another size.')
         return output
 

@@ -1,6 +1,6 @@
 """Paddle Inference predictors (and onnxruntime sessions) for an exported PSANet.
 
-``PredictorOptions`` holds deploy/python/infer.py's runtime flags, checked once, and
+``PredictorOptions`` holds deploy/python/infer.py's predictor flags, checked once, and
 this module the defaults infer.py and ``psanet.Segmenter.from_export`` share;
 ``create_predictor`` registers the psa_mask op library first when the graph holds
 the custom op, and sets oneDNN on or off explicitly; the runners run a batch and
@@ -65,12 +65,13 @@ def load_custom_op():
 
 @dataclass(frozen=True)
 class PredictorOptions:
-    """How a predictor runs: deploy/python/infer.py's runtime flags, checked once.
+    """How a predictor runs: deploy/python/infer.py's predictor flags, checked once.
 
     Args:
         device (str): 'cpu' or 'gpu'. Default: 'cpu' (``DEFAULT_DEVICE``).
         use_trt (bool): TensorRT subgraphs on the GPU. Default: False.
-        precision (str): 'fp32', or 'fp16'/'int8' with TensorRT. Default: 'fp32'.
+        precision (str): 'fp32', or 'fp16' with TensorRT on the GPU ('int8' is refused:
+            an export is fp32; its INT8 model runs in an ONNX backend). Default: 'fp32'.
         enable_mkldnn (bool): run the CPU graph's convolutions in oneDNN; False turns it
             off explicitly (Paddle Inference's CPU default is on). Default: False
             (``INFER_ENABLE_MKLDNN``, infer.py's).
@@ -102,8 +103,9 @@ class PredictorOptions:
                 raise DeployError('--use_trt needs --device gpu.')
             if self.precision != 'fp32':
                 raise DeployError(f'the CPU predictor runs fp32 only, got --precision '
-                                  f'{self.precision}; use --precision fp32 (fp16/int8 need '
-                                  '--device gpu --use_trt True).')
+                                  f'{self.precision}; use --precision fp32 (fp16 needs '
+                                  '--device gpu --use_trt True; the INT8 model runs with '
+                                  '--backend onnxruntime or openvino).')
             if int(self.cpu_threads) < 1:
                 raise DeployError(f'--cpu_threads must be >= 1, got {self.cpu_threads}.')
             cores = usable_cpus()

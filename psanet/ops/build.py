@@ -1,7 +1,7 @@
 """Compiles the PSA mask op library (``ops/*.cc``, ``ops/*.cu``) into one ``.so``.
 
 The same function serves ``setup.py`` (ahead of time, into the installed
-package) and the loader (just in time, into a cache folder keyed by
+package) and :mod:`psanet.ops.library` (just in time, into a cache folder keyed by
 ``source_hash``: the sources, Paddle, Python and, with the CUDA kernels, the
 architectures chosen and nvcc's version). Both write the library atomically,
 so a reader never sees a half-written file.
@@ -65,7 +65,8 @@ def source_hash(source_dir=None, with_cuda=None, cpu_fallback=False):
     PADDLE_CUDA_ARCH_LIST or another nvcc each get their own build. A CPU-only
     library on a CUDA Paddle (``cpu_fallback``: no nvcc) adds Paddle's CUDA
     version and ``nvcc=none``; once nvcc is there the key, and so the build,
-    changes. On a CPU Paddle the key is what it always was.
+    changes. On a CPU Paddle the key is the sources, the Paddle version, no CUDA
+    and the Python version only.
     """
     import paddle
     source_dir = source_dir or default_source_dir()
