@@ -120,6 +120,12 @@ def test_nothing_but_the_api_imports_export(graph):
                 if 'psanet.export' in targets and name not in EXPORT_USERS]
 
 
+# The server sits on top, beside the API: nothing of the package imports it.
+def test_nothing_imports_the_server(graph):
+    assert not [name for name, targets in graph.items() if not name.startswith('psanet.serve')
+                and any(t.startswith('psanet.serve') for t in targets)]
+
+
 def test_ops_import_nothing_of_ours_and_models_only_ops_and_errors(graph):
     for name, targets in graph.items():
         if name.startswith('psanet.ops'):
@@ -194,6 +200,10 @@ def test_setup_py_loads_no_training_stack(command, tmp_path):
 
 def test_importing_the_package_loads_nothing_else():
     assert _loaded_after('import psanet') == ['psanet']
+
+
+def test_importing_the_server_package_loads_nothing_else():
+    assert _loaded_after('import psanet.serve') == ['psanet', 'psanet.serve']
 
 
 def test_the_python_api_loads_the_runtime_only():
