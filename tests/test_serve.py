@@ -5,9 +5,10 @@ every bad request a 4xx with one line of JSON and the next request served, the q
 answered, exit 0)."""
 import concurrent.futures
 import io
-import json
+import os
 import signal
 import socket
+import sys
 import time
 
 import cv2
@@ -17,8 +18,9 @@ import pytest
 from PIL import Image
 
 from psanet import Segmenter
-from conftest import MINI_CONFIG, MINI_PSANET_RTOL, assert_logits_agree, finish, read_text
-from serve_helpers import running_server
+from conftest import (MINI_CONFIG, MINI_PSANET_RTOL, ROOT, assert_logits_agree, finish, read_text,
+                      run_process)
+from serve_helpers import SERVE_SCRIPT, running_server
 
 MAX_BODY, MAX_PIXELS = 3_000_000, 700_000
 # width, height: two of one size, another size, one with a resize-free odd size.
@@ -263,3 +265,18 @@ def test_sigterm_answers_every_accepted_request_and_exits_0(mini_export, images,
     with pytest.raises(httpx.TransportError):
         httpx.get(f'{url}/health', timeout=5)
     assert 'Traceback' not in read_text(tmp_path / 'serve.log')
+
+
+@pytest.mark.parametrize('flags, words', [
+    (['--config', 'no/such/deploy.yaml'], ['no/such/deploy.yaml', 'does not exist']),
+    (['--config', MINI_CONFIG], ['training config', '--model_path']),
+    (['--config', MINI_CONFIG, '--max_batch', '0'], ['--max_batch must be >= 1']),
+])
+def test_a_wrong_start_is_one_error_line_and_exit_2(flags, words):
+    done = run_process([sys.executable, SERVE_SCRIPT, *flags], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith('error:')]
+    assert len(lines) == 1 and 'Traceback' not in done.stderr, done.stderr
+    for word in words:
+        assert word in lines[0]

@@ -16,7 +16,7 @@ import os
 
 import numpy as np
 
-from psanet.errors import UserError
+from psanet.errors import ConfigError, UserError
 
 from .batcher import Batcher, QueueFull
 from .uploads import RequestError, decode_image, palette_png, read_image_bytes
@@ -51,9 +51,9 @@ class ServeOptions:
                      'graceful_timeout_s'):
             low = 0 if name in ('port', 'graceful_timeout_s') else 1
             if getattr(self, name) < low:
-                raise UserError(f'--{name} must be >= {low}, got {getattr(self, name)}.')
+                raise ConfigError(f'--{name} must be >= {low}, got {getattr(self, name)}.')
         if self.max_wait_ms < 0:
-            raise UserError(f'--max_wait_ms must be >= 0, got {self.max_wait_ms}.')
+            raise ConfigError(f'--max_wait_ms must be >= 0, got {self.max_wait_ms}.')
 
 
 def _error(status, message, headers=None):

@@ -74,6 +74,9 @@ def load_served_model(config, model_path=None, backend=None, device='cpu', int8=
     (``config`` a training config with ``model_path``)."""
     from psanet import Segmenter
     from psanet.visualize.charts import class_names
+    if not os.path.exists(config):
+        raise ConfigError(f'--config {config} does not exist (cwd {os.getcwd()}): pass an '
+                          "export's deploy.yaml, or a training config with --model_path.")
     if is_export(config):
         if model_path is not None:
             raise ConfigError(f'--config {config} is an export (deploy.yaml), which holds its '
@@ -87,9 +90,10 @@ def load_served_model(config, model_path=None, backend=None, device='cpu', int8=
         if model_path is None:
             raise ConfigError(f'--config {config} is a training config: give its weights with '
                               '--model_path, or pass an export\'s deploy.yaml.')
-        if backend is not None or int8:
-            raise ConfigError('--backend and --int8 choose how an export runs; a training '
-                              'config runs as the dygraph model (export it with export.py to '
+        if backend is not None or int8 or cpu_threads is not None:
+            raise ConfigError('--backend, --int8 and --cpu_threads choose how an export runs; a '
+                              'training config runs as the dygraph model (export it with '
+                              'export.py to '
                               'serve it in a runtime).')
         from psanet.core.config import ComponentBuilder, load_config
         seg = Segmenter.from_config(config, model_path, backend='dygraph', device=device)
