@@ -65,11 +65,10 @@ def _jet(values):
     return np.rint(255 * np.clip(1.5 - np.abs(4 * t - centres), 0, 1)).astype(np.int64)
 
 
-def _expected_maps(image_path, weights, points):
-    """For each point, {direction: the RGB the page should draw}, from this test's own forward
-    of the dygraph model with capture_attention and the paper's column / row of point_maps."""
+def _attention(image_path, weights):
+    """(model, image, input, records) of this test's own forward with capture_attention."""
     from engine_helpers import build_config_model
-    from psanet.visualize.attention import MapGeometry, capture_attention, point_maps
+    from psanet.visualize.attention import capture_attention
     _, model = build_config_model()
     model.set_state_dict(paddle.load(weights))
     model.eval()
@@ -78,6 +77,14 @@ def _expected_maps(image_path, weights, points):
     x = np.ascontiguousarray(((rgb / 255.0 - 0.5) / 0.5).transpose(2, 0, 1)[None])
     with paddle.no_grad(), capture_attention(model) as records:
         model(paddle.to_tensor(x))
+    return model, image, x, list(records)
+
+
+def _expected_maps(image_path, weights, points):
+    """For each point, {direction: the RGB the page should draw}, from this test's own forward
+    of the dygraph model with capture_attention and the paper's column / row of point_maps."""
+    from psanet.visualize.attention import MapGeometry, point_maps
+    _, image, _, records = _attention(image_path, weights)
     assert [r.psa_type for r in records] == [0, 1]  # collect, then distribute
     expected = []
     for px, py in points:
@@ -168,3 +175,19 @@ def test_over_an_export_the_page_says_it_needs_the_model(browser, mini_export, t
         assert 'needs the model' in note and '--model_path' in note
         assert page.is_disabled('#file')
         page.close()
+
+
+def test_the_explorer_keeps_its_maps_within_its_bytes(mini_weights, image_path):
+    from psanet.serve.explore import ExploredImages
+    model, image, x, records = _attention(image_path, mini_weights)
+    one = sum(record.attention.nbytes for record in records)
+    label = np.zeros(image.shape[:2], np.uint8)
+    add = lambda kept: kept.add(image.shape[:2], x, ([], image.shape[:2]), records,  # noqa
+                                label)['id']
+    kept = ExploredImages(model, capacity=8, max_bytes=2 * one)
+    ids = [add(kept) for _ in range(3)]
+    with pytest.raises(KeyError):  # the oldest went: two fit
+        kept.point(ids[0], 0, 0)
+    assert all(kept.point(i, 0, 0)['maps'] for i in ids[1:])
+    with pytest.raises(OverflowError, match='over the explorer'):
+        add(ExploredImages(model, max_bytes=one - 1))

@@ -198,8 +198,11 @@ def create_app(served, options):
         output, records = await model_result(
             queued(batcher.submit_call, lambda: forward(seg, served.model, batch)))
         label = (await run_in_threadpool(seg.postprocess, output, infos))[0]
-        return await run_in_threadpool(explored.add, image.shape[:2], batch, infos[0], records,
-                                       label)
+        try:
+            return await run_in_threadpool(explored.add, image.shape[:2], batch, infos[0],
+                                           records, label)
+        except OverflowError as error:
+            raise RequestError(413, str(error)) from None
 
     @app.get('/v1/explore/{image_id}')
     async def explore_point(image_id: str, x: int, y: int):
