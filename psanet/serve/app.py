@@ -111,8 +111,9 @@ def create_app(served, options):
     @app.exception_handler(Exception)
     async def failed(request, error):
         _logger.exception('request %s failed', request.url.path)
-        return _error(500, f'internal error ({type(error).__name__}: {error}); the server goes '
-                           'on serving.')
+        first_line = (str(error).strip().splitlines() or [''])[0][:300]
+        return _error(500, f'internal error ({type(error).__name__}: {first_line}); the server '
+                           'goes on serving.')
 
     async def preprocessed(request):
         data = await read_image_bytes(request, options.max_body_bytes)
