@@ -5,6 +5,7 @@ every bad request a 4xx with one line of JSON and the next request served, the q
 answered, exit 0)."""
 import concurrent.futures
 import io
+import json
 import os
 import signal
 import socket
@@ -139,6 +140,15 @@ def _raw_request(url, head, body=b''):
     return sock
 
 
+def _read_response(sock):
+    data = b''
+    while True:
+        chunk = sock.recv(1 << 16)
+        if not chunk:
+            return data
+        data += chunk
+
+
 def test_bad_requests_get_one_line_4xx_and_the_next_is_served(export_server, images, tmp_path):
     process, url, log = export_server
     paths, _ = images
@@ -180,11 +190,50 @@ def test_bad_requests_get_one_line_4xx_and_the_next_is_served(export_server, ima
     assert 'Traceback' not in read_text(log)
 
 
+class _RawAnswer:
+    """An HTTP/1.1 answer read whole from a socket, as far as the tests look at it."""
+
+    def __init__(self, data):
+        head, _, self.content = data.partition(b'\r\n\r\n')
+        lines = head.decode('latin-1').split('\r\n')
+        self.status_code = int(lines[0].split()[1])
+        self.headers = {k.strip().lower(): v.strip()
+                        for k, _, v in (line.partition(':') for line in lines[1:])}
+        self.text = self.content.decode('utf-8', 'replace')
+
+    def json(self):
+        return json.loads(self.content)
+
+
+def _send_at_once(url, paths):
+    """Sockets with a POST of each file sent: all connected first, then all sent within
+    milliseconds (far less than one run takes)."""
+    port = int(url.rsplit(':', 1)[1])
+    sockets = [socket.create_connection(('127.0.0.1', port), timeout=120) for _ in paths]
+    for sock, path in zip(sockets, paths):
+        with open(path, 'rb') as f:
+            body = f.read()
+        sock.sendall(f'POST /v1/segment HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n'
+                     f'Connection: close\r\nContent-Length: {len(body)}\r\n\r\n'.encode() + body)
+    return sockets
+
+
+def _answers(sockets):
+    answers = []
+    for sock in sockets:
+        answers.append(_RawAnswer(_read_response(sock)))
+        sock.close()
+    return answers
+
+
+def _sent_at_once(url, paths):
+    return _answers(_send_at_once(url, paths))
+
+
 def test_a_full_queue_answers_503_with_retry_after(export_server, images):
-    _, url, log = export_server
+    _, url, _ = export_server
     paths, big = images
-    with concurrent.futures.ThreadPoolExecutor(12) as pool:
-        answers = list(pool.map(lambda _: _post(url, big), range(12)))
+    answers = _sent_at_once(url, [big] * 12)
     refused = [a for a in answers if a.status_code == 503]
     served = [a for a in answers if a.status_code == 200]
     # At most max_batch (4) taken into a run and max_queue (2) waiting at any time.
@@ -205,8 +254,7 @@ def test_concurrent_requests_of_one_size_share_runs(mini_model_server, images):
     model = mini_psanet_for_eval(seed=1)  # the weights the server loaded
     batch = [paths[i % 2] for i in range(8)] + [paths[2]] * 4  # two sizes
     before = httpx.get(f'{url}/v1/stats').json()['runs_by_batch_size']
-    with concurrent.futures.ThreadPoolExecutor(len(batch)) as pool:
-        answers = list(pool.map(lambda path: _post(url, path), batch))
+    answers = _sent_at_once(url, batch)
     after = httpx.get(f'{url}/v1/stats').json()['runs_by_batch_size']
     shared = {int(n): after.get(n, 0) - before.get(n, 0) for n in after}
     assert sum(n * runs for n, runs in shared.items()) == len(batch), shared
@@ -228,38 +276,22 @@ def test_the_model_server_answers_as_the_dygraph_segmenter(mini_model_server, mi
     assert httpx.get(f'{url}/v1/model').json()['explorer'] is True
 
 
-def _read_response(sock):
-    data = b''
-    while True:
-        chunk = sock.recv(1 << 16)
-        if not chunk:
-            return data
-        data += chunk
-
-
 def test_sigterm_answers_every_accepted_request_and_exits_0(mini_export, images, tmp_path):
-    paths, _ = images
+    paths, big = images
     seg = Segmenter.from_export(mini_export, backend='paddle', cpu_threads=1)
-    sizes = [paths[i % 3] for i in range(8)]
+    sizes = [big, paths[0]] * 4  # the big ones keep the model busy while all are read
+    # One image a run: the answers are then Segmenter(path)'s, byte for byte.
     with running_server(['--config', mini_export, '--backend', 'paddle', '--cpu_threads', 1,
-                         '--max_batch', 2, '--graceful_timeout_s', 60],
+                         '--max_batch', 1, '--graceful_timeout_s', 60],
                         tmp_path / 'serve.log') as (process, url):
-        sockets = []
-        for path in sizes:
-            with open(path, 'rb') as f:
-                body = f.read()
-            sockets.append(_raw_request(url, f'POST /v1/segment HTTP/1.1\r\nHost: x\r\n'
-                                             f'Content-Type: image/png\r\nConnection: close\r\n'
-                                             f'Content-Length: {len(body)}', body))
+        sockets = _send_at_once(url, sizes)
+        deadline = time.monotonic() + 60
         while httpx.get(f'{url}/v1/stats').json()['in_flight'] < len(sockets):
-            time.sleep(0.05)  # until every request is read by the server: accepted
+            assert time.monotonic() < deadline, 'the server did not read every request'
+            time.sleep(0.02)  # until every request is read by the server: accepted
         process.send_signal(signal.SIGTERM)
-        for sock, path in zip(sockets, sizes):
-            head, _, body = _read_response(sock).partition(b'\r\n\r\n')
-            sock.close()
-            assert head.startswith(b'HTTP/1.1 200'), head
-            with Image.open(io.BytesIO(body)) as png:
-                assert np.array_equal(np.asarray(png), seg(path)), path
+        for answer, path in zip(_answers(sockets), sizes):
+            assert np.array_equal(_png_labels(answer)[0], seg(path)), path
         finish(process, timeout=60)
         assert process.returncode == 0, read_text(tmp_path / 'serve.log')
     with pytest.raises(httpx.TransportError):
