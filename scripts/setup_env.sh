@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates a virtual environment (if missing) with Paddle, paddleseg, psanet (editable) and
-# the op; --dev adds the test and ONNX tools. Idempotent.
+# the op; --serve adds the HTTP server's packages (requirements-serve.txt), --dev the test and
+# ONNX tools and the server's. Idempotent.
 #   PYTHON          the interpreter (default python3)
 #   VENV            the environment's folder (default .venv)
 #   PADDLE_PACKAGE  the Paddle wheel (default paddlepaddle==3.3.1; e.g. paddlepaddle-gpu==3.3.1)
@@ -9,9 +10,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=${VENV:-.venv}
-REQUIREMENTS=requirements.txt
+REQUIREMENTS=(-r requirements.txt)
 if [ "${1:-}" = "--dev" ]; then
-  REQUIREMENTS=requirements-dev.txt
+  REQUIREMENTS=(-r requirements-dev.txt -r requirements-serve.txt)
+elif [ "${1:-}" = "--serve" ]; then
+  REQUIREMENTS=(-r requirements.txt -r requirements-serve.txt)
 fi
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
@@ -24,12 +27,12 @@ fi
 # declared pins whenever it installs a package paddleseg depends on (visualdl with --dev)
 # and reports opencv-python<=4.6 as a conflict: so when the requirements install anything,
 # paddleseg is taken out first and put back after.
-NEW=$(pip install --dry-run -q --report - -r "$REQUIREMENTS" 2>/dev/null \
+NEW=$(pip install --dry-run -q --report - "${REQUIREMENTS[@]}" 2>/dev/null \
   | python -c 'import json, sys; print(len(json.load(sys.stdin)["install"]))' 2>/dev/null || echo 1)
 if [ "$NEW" != 0 ] && pip show -q paddleseg 2>/dev/null; then
   pip uninstall -q -y paddleseg
 fi
-pip install -q -r "$REQUIREMENTS"
+pip install -q "${REQUIREMENTS[@]}"
 # paddleseg without its stale pins (opencv-python<=4.6, so numpy<2): requirements.txt
 # lists what it imports.
 pip install -q --no-deps -r requirements-paddleseg.txt

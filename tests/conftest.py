@@ -349,3 +349,38 @@ val_dataset:
   dataset_root: {root}
 ''')
     return str(path)
+
+
+# ---------------------------------------------------------------------------
+# A served model: the mini PSANet's seeded weights and their export, once per session
+# ---------------------------------------------------------------------------
+
+@pytest.fixture(scope='session')
+def mini_weights(tmp_path_factory):
+    """model.pdparams of the mini config's PSANet with seeded weights (seed 1)."""
+    import paddle
+    from engine_helpers import mini_psanet_for_eval
+    path = str(tmp_path_factory.mktemp('mini_weights') / 'model.pdparams')
+    paddle.save(mini_psanet_for_eval(seed=1).state_dict(), path)
+    return path
+
+
+@pytest.fixture(scope='session')
+def mini_export(mini_weights, tmp_path_factory):
+    """deploy.yaml of the mini PSANet exported as export.py does by default (argmax out,
+    the custom op, Paddle Inference)."""
+    from psanet.export import export_from_config
+    return export_from_config(MINI_CONFIG, mini_weights,
+                              str(tmp_path_factory.mktemp('mini_export') / 'export'))
+
+
+@pytest.fixture(scope='session')
+def mini_model_server(mini_weights, tmp_path_factory):
+    """``(url, log path)`` of serve.py on the mini config and ``mini_weights`` (the dygraph
+    model, the explorer page), started once for the session as a user starts it."""
+    from serve_helpers import running_server
+    log = tmp_path_factory.mktemp('mini_model_server') / 'serve.log'
+    with running_server(['--config', MINI_CONFIG, '--model_path', mini_weights,
+                         '--max_batch', 4, '--max_wait_ms', 50],
+                        log) as (_, url):
+        yield url, str(log)

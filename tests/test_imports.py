@@ -255,6 +255,10 @@ def test_importing_the_package_loads_nothing_else():
     assert _loaded_after('import psanet') == ['psanet']
 
 
+def test_importing_the_server_package_loads_nothing_else():
+    assert _loaded_after('import psanet.serve') == ['psanet', 'psanet.serve']
+
+
 def test_the_python_api_loads_the_runtime_only():
     # psanet.Segmenter is looked up lazily; Segmenter.from_config loads the build side
     # when it is called, not when the API is imported.

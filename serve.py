@@ -1,0 +1,53 @@
+"""Serve a PSANet over HTTP: an export (any runtime, INT8 included), or a checkpoint with the
+attention explorer page (docs/deploy.md, "Serving").
+
+    python serve.py --config output/inference_model/deploy.yaml --port 8000
+    python serve.py --config configs/psanet/<config>.yml --model_path output/best_model/model.pdparams
+"""
+import argparse
+
+from psanet.cli import exit_with, run_cli
+from psanet.serve.app import ServeOptions, serve
+
+
+def parse_args(argv=None):
+    defaults = ServeOptions(config='')
+    parser = argparse.ArgumentParser(description='PSANet segmentation server (FastAPI + uvicorn).')
+    parser.add_argument('--config', required=True,
+                        help="An export's deploy.yaml (or its folder), or a training config "
+                        'with --model_path (the dygraph model; the explorer page needs it).')
+    parser.add_argument('--model_path', default=None,
+                        help='model.pdparams or a checkpoint folder, with a training --config.')
+    parser.add_argument('--backend', choices=['paddle', 'onnxruntime', 'openvino'], default=None,
+                        help='The runtime of an export. Default: the fastest installed one.')
+    parser.add_argument('--int8', action='store_true', help="Run an export's INT8 model (CPU).")
+    parser.add_argument('--device', choices=['cpu', 'gpu'], default='cpu')
+    parser.add_argument('--cpu_threads', type=int, default=None,
+                        help='Runtime threads on the CPU. Default: the usable CPUs.')
+    parser.add_argument('--host', default=defaults.host,
+                        help=f'Address to listen on. Default: {defaults.host} (this machine '
+                        'only); 0.0.0.0 for every interface.')
+    parser.add_argument('--port', type=int, default=defaults.port)
+    parser.add_argument('--max_batch', type=int, default=defaults.max_batch,
+                        help='Most requests of one input size in one run (dynamic batching; '
+                        '1 turns it off).')
+    parser.add_argument('--max_wait_ms', type=float, default=defaults.max_wait_ms,
+                        help='How long a request waits for others to share its run.')
+    parser.add_argument('--max_queue', type=int, default=defaults.max_queue,
+                        help='Most requests waiting for the model; more get 503 + Retry-After.')
+    parser.add_argument('--max_body_bytes', type=int, default=defaults.max_body_bytes,
+                        help='Largest request body; larger gets 413.')
+    parser.add_argument('--max_pixels', type=int, default=defaults.max_pixels,
+                        help='Largest image, width x height; larger gets 413.')
+    parser.add_argument('--graceful_timeout_s', type=int, default=defaults.graceful_timeout_s,
+                        help='On SIGTERM, how long requests in flight may take to finish.')
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    flags = vars(parse_args(argv))
+    return run_cli(lambda: serve(ServeOptions(**flags)))
+
+
+if __name__ == '__main__':
+    exit_with(main())
