@@ -7,6 +7,7 @@ attention explorer page (docs/deploy.md, "Serving").
 import argparse
 
 from psanet.cli import exit_with, run_cli
+from psanet.deploy.backends import EXPORT_BACKENDS
 from psanet.serve.app import ServeOptions, serve
 
 
@@ -18,12 +19,16 @@ def parse_args(argv=None):
                         'with --model_path (the dygraph model; the explorer page needs it).')
     parser.add_argument('--model_path', default=None,
                         help='model.pdparams or a checkpoint folder, with a training --config.')
-    parser.add_argument('--backend', choices=['paddle', 'onnxruntime', 'openvino'], default=None,
-                        help='The runtime of an export. Default: the fastest installed one.')
+    parser.add_argument('--backend', choices=EXPORT_BACKENDS, default=defaults.backend,
+                        help='The backend of an export. Default: the fastest installed one '
+                        '(as psanet.Segmenter.from_export).')
     parser.add_argument('--int8', action='store_true', help="Run an export's INT8 model (CPU).")
-    parser.add_argument('--device', choices=['cpu', 'gpu'], default='cpu')
-    parser.add_argument('--cpu_threads', type=int, default=None,
-                        help='Runtime threads on the CPU. Default: the usable CPUs.')
+    parser.add_argument('--device', choices=['cpu', 'gpu'], default=defaults.device,
+                        help="Default: the API's: the CPU for an export, the GPU when Paddle "
+                        'sees one for a training config.')
+    parser.add_argument('--cpu_threads', type=int, default=defaults.cpu_threads,
+                        help="Backend threads on the CPU. Default: the API's (PaddleSeg's 10, "
+                        'or the CPUs this process may use when fewer).')
     parser.add_argument('--host', default=defaults.host,
                         help=f'Address to listen on. Default: {defaults.host} (this machine '
                         'only); 0.0.0.0 for every interface.')

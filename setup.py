@@ -53,6 +53,8 @@ setup(
     version='0.1.0',
     description='PSANet (point-wise spatial attention) for PaddlePaddle / PaddleSeg',
     packages=find_packages(include=['psanet', 'psanet.*']),
+    # The server's explorer page (serve.py, /explorer/): its HTML, script and style.
+    package_data={'psanet.serve': ['explorer/*']},
     python_requires='>=3.9',
     # requirements.txt: what psanet and paddleseg 2.8.0 import. paddleseg itself is not
     # listed, as its declared opencv-python<=4.6 pin forces numpy<2: install it with

@@ -218,6 +218,16 @@ def read_images(images, unreadable, logger):
         yield image, relative
 
 
+def palette_png(label, colors):
+    """The pseudo-colour PNG bytes of class ids ``label`` (uint8 [H, W]) in ``colors`` (a
+    flat [r, g, b, ...] palette): what predict.py, infer.py and the server give."""
+    mask = Image.fromarray(label)  # mode L; putpalette turns it into a palette image
+    mask.putpalette(colors)
+    encoded = io.BytesIO()
+    mask.save(encoded, format='PNG')
+    return encoded.getvalue()
+
+
 def save_prediction(label, image, relative, save_dir, colors):
     """Writes the pseudo-colour PNG and the overlay of one label map, each whole.
 
@@ -234,11 +244,7 @@ def save_prediction(label, image, relative, save_dir, colors):
     pseudo_path, added_path = output_paths(relative, save_dir)
     for path in (pseudo_path, added_path):
         make_output_dir(os.path.dirname(path))
-    mask = Image.fromarray(label)  # mode L; putpalette turns it into a palette image
-    mask.putpalette(colors)
-    encoded = io.BytesIO()
-    mask.save(encoded, format='PNG')
-    write_bytes(pseudo_path, encoded.getvalue())
+    write_bytes(pseudo_path, palette_png(label, colors))
     palette = np.asarray(colors, dtype='uint8').reshape(-1, 3)
     overlay = cv2.addWeighted(image, 0.6, cv2.cvtColor(palette[label], cv2.COLOR_RGB2BGR),
                               0.4, 0)

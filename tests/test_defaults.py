@@ -11,6 +11,7 @@ import pytest
 
 import export as export_script
 import predict as predict_script
+import serve as serve_script
 import train as train_script
 import val as val_script
 from conftest import INFER_SCRIPT
@@ -23,6 +24,11 @@ from psanet.deploy.infer_images import infer
 from psanet.deploy.predictor import PRECISIONS, PredictorOptions
 from psanet.errors import ConfigError, DeployError
 from psanet.export import ExportOptions, export_from_config
+from psanet.serve.app import ServeOptions
+
+SERVE_OPTIONS = ('model_path', 'backend', 'device', 'int8', 'cpu_threads', 'host', 'port',
+                 'max_batch', 'max_wait_ms', 'max_queue', 'max_body_bytes', 'max_pixels',
+                 'graceful_timeout_s')
 
 
 def _infer_cli():
@@ -113,6 +119,15 @@ def _defaults(monkeypatch):
     for name in ('save_dir', 'check_image_path', 'opts'):
         rows[f'export.py --{name} / export_from_config'] = (
             export_cli[name], _signature(export_from_config)[name], None)
+    # The server: serve.py, ServeOptions, and the API it passes an export's options on to
+    # (its device None is the API's own default for the route, so it is not passed).
+    serve_cli = vars(serve_script.parse_args(['--config', 'c']))
+    serve_options = _fields(ServeOptions)
+    for name in SERVE_OPTIONS:
+        rows[f'serve.py --{name} / ServeOptions'] = (serve_cli[name], serve_options[name], None)
+    for name in ('backend', 'cpu_threads', 'int8'):
+        rows[f'serve.py --{name} / Segmenter.from_export'] = (
+            serve_cli[name], export_api[name], from_export.__doc__)
     return rows
 
 
@@ -148,6 +163,8 @@ NAMES = [
       for n in ('input_shape', 'output_op', 'psa_impl', 'onnx', 'quantize', 'calib_images',
                 'calib_num')),
     *(f'export.py --{n} / export_from_config' for n in ('save_dir', 'check_image_path', 'opts')),
+    *(f'serve.py --{n} / ServeOptions' for n in SERVE_OPTIONS),
+    *(f'serve.py --{n} / Segmenter.from_export' for n in ('backend', 'cpu_threads', 'int8')),
 ]
 
 
@@ -160,6 +177,7 @@ def defaults():
 def test_every_default_read_is_checked(defaults):
     assert sorted(defaults) == sorted(NAMES)
     assert set(DIFFERENCES) <= set(NAMES)
+    assert set(SERVE_OPTIONS) == set(_fields(ServeOptions)), 'a ServeOptions field is unchecked'
 
 
 @pytest.mark.parametrize('name', NAMES)

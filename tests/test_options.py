@@ -116,7 +116,8 @@ def test_a_bool_or_a_non_integer_is_no_count(name, value):
 # Every options class, and the checked config: built once at the edge, then only read.
 FROZEN = ('psanet.core.options.InferenceOptions', 'psanet.core.options.EvalOptions',
           'psanet.core.options.TrainOptions', 'psanet.export.ExportOptions',
-          'psanet.deploy.predictor.PredictorOptions', 'psanet.core.config.LoadedConfig')
+          'psanet.deploy.predictor.PredictorOptions', 'psanet.core.config.LoadedConfig',
+          'psanet.serve.app.ServeOptions')
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'psanet')
 
 

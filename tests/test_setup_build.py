@@ -40,6 +40,9 @@ def test_wheel_carries_the_op_and_the_installed_package_uses_it(tmp_path):
              for name in zipfile.ZipFile(wheel).namelist()]
     assert 'psanet/ops/psa_mask_op.so' in names
     assert 'psanet/models/psanet.py' in names
+    # The server's page, which is no Python module: package_data carries it.
+    assert {'psanet/serve/explorer/index.html', 'psanet/serve/explorer/explorer.js',
+            'psanet/serve/explorer/explorer.css'} <= set(names)
 
     site = tmp_path / 'site'
     run_process([sys.executable, '-m', 'pip', 'install', '--no-deps', '-q', '--target',

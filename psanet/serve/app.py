@@ -16,10 +16,11 @@ import os
 
 import numpy as np
 
+from psanet.contract import palette_png
 from psanet.errors import ConfigError, UserError
 
 from .batcher import Batcher, QueueFull
-from .uploads import RequestError, decode_image, palette_png, read_image_bytes
+from .uploads import RequestError, decode_image, read_image_bytes
 
 __all__ = ['ServeOptions', 'create_app', 'serve']
 
@@ -28,13 +29,14 @@ RETRY_AFTER_S = 1
 _logger = logging.getLogger('psanet.serve')
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class ServeOptions:
-    """serve.py's flags (docs/deploy.md, "Serving")."""
+    """serve.py's flags (docs/deploy.md, "Serving"). ``backend``, ``device`` and
+    ``cpu_threads`` None take the API's defaults (``psanet.Segmenter``)."""
     config: str
     model_path: str = None
     backend: str = None
-    device: str = 'cpu'
+    device: str = None
     int8: bool = False
     cpu_threads: int = None
     host: str = '127.0.0.1'

@@ -68,10 +68,12 @@ def is_export(config):
     return isinstance(dic, dict) and DEPLOY_SECTION in dic
 
 
-def load_served_model(config, model_path=None, backend=None, device='cpu', int8=False,
+def load_served_model(config, model_path=None, backend=None, device=None, int8=False,
                       cpu_threads=None):
     """The :class:`ServedModel` of an export (``config`` a deploy.yaml) or a checkpoint
-    (``config`` a training config with ``model_path``)."""
+    (``config`` a training config with ``model_path``); ``device`` None is the API's default
+    for the route (the CPU for an export, the GPU when Paddle sees one for a checkpoint)."""
+    on_device = {} if device is None else {'device': device}
     from psanet.api import Segmenter
     from psanet.visualize.charts import class_names
     if not os.path.exists(config):
@@ -81,8 +83,8 @@ def load_served_model(config, model_path=None, backend=None, device='cpu', int8=
         if model_path is not None:
             raise ConfigError(f'--config {config} is an export (deploy.yaml), which holds its '
                               'weights: leave out --model_path, or pass the training config.')
-        seg = Segmenter.from_export(config, backend=backend, device=device, int8=int8,
-                                    cpu_threads=cpu_threads)
+        seg = Segmenter.from_export(config, backend=backend, int8=int8, cpu_threads=cpu_threads,
+                                    **on_device)
         cityscapes = seg.deploy.palette == 'cityscapes'
         num_classes, model, source = seg.deploy.num_classes, None, seg.deploy.path
         dataset = None if cityscapes else object
@@ -96,9 +98,9 @@ def load_served_model(config, model_path=None, backend=None, device='cpu', int8=
                               'export.py to '
                               'serve it in a runtime).')
         from psanet.core.config import ComponentBuilder, load_config
-        seg = Segmenter.from_config(config, model_path, backend='dygraph', device=device)
+        seg = Segmenter.from_config(config, model_path, backend='dygraph', **on_device)
         cfg = load_config(config)
-        dataset = ComponentBuilder(cfg).val_dataset_class if cfg.val_dataset_cfg else None
+        dataset = ComponentBuilder(cfg).val_dataset_class if cfg.dic.get('val_dataset') else None
         cityscapes = palette_for(dataset) == 'cityscapes'
         model, source = seg.runner.model, f'{config} + {model_path}'
         num_classes = int(model.num_classes)

@@ -15,7 +15,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 from starlette.requests import ClientDisconnect, Request
 
-__all__ = ['RequestError', 'read_image_bytes', 'decode_image', 'palette_png']
+__all__ = ['RequestError', 'read_image_bytes', 'decode_image']
 
 RAW_TYPES = ('application/octet-stream',)
 FIELD = 'image'
@@ -115,12 +115,3 @@ def decode_image(data, max_pixels):
         raise RequestError(400, 'OpenCV cannot decode this image: send a PNG, JPEG or BMP.')
     return image
 
-
-def palette_png(label, colors):
-    """A palette PNG of the class ids ``label`` (uint8 [H, W]), coloured by ``colors`` (a flat
-    [r, g, b, ...] list), as predict.py writes them."""
-    mask = Image.fromarray(label)  # mode L; putpalette turns it into a palette image
-    mask.putpalette(colors)
-    encoded = io.BytesIO()
-    mask.save(encoded, format='PNG')
-    return encoded.getvalue()
