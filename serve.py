@@ -1,4 +1,4 @@
-"""Serve a PSANet over HTTP: an export (any runtime, INT8 included), or a checkpoint with the
+"""Serve a PSANet over HTTP: an export (any backend, INT8 included), or a checkpoint with the
 attention explorer page (docs/deploy.md, "Serving").
 
     python serve.py --config output/inference_model/deploy.yaml --port 8000

@@ -12,7 +12,7 @@ POSTed raw (image/png) to /v1/segment. For each setting (--max_batch 1: batching
 threads each with a keep-alive connection send --requests in all (at most --time_limit_s),
 after one untimed request per thread. Latency is the client's, request sent to PNG
 received; errors are answers other than 200 (must be 0). RSS is the server's VmRSS after
-a warm-up pass (every concurrency, half the requests: the runtime has met every batch
+a warm-up pass (every concurrency, half the requests: the backend has met every batch
 shape) and after the measured pass. The direct figure: the same image through
 Segmenter(path) in this process, one call at a time. Then one server gets 16 requests at
 once and SIGTERM: the time to exit and its exit code.
@@ -196,7 +196,8 @@ def main():
                 rate, latencies, errors = _load(server.url, body, concurrency, args.requests,
                                                 args.time_limit_s)
                 after = httpx.get(f'{server.url}/v1/stats').json()['runs_by_batch_size']
-                runs = {n: after[n] - before.get(n, 0) for n in after if after[n] - before.get(n, 0)}
+                runs = {n: after[n] - before.get(n, 0) for n in after
+                        if after[n] - before.get(n, 0)}
                 p50, p95, p99 = _percentiles(latencies)
                 what = 'off' if max_batch == 1 else f'max {max_batch}, {args.max_wait_ms:g} ms'
                 print(f'| {what} | {concurrency} | {len(latencies)} | {rate:.1f} | {p50:.1f} | '
@@ -212,8 +213,8 @@ def main():
             print(f'| {"off" if max_batch == 1 else f"max {max_batch}"} | {first:.0f} | '
                   f'{last:.0f} |')
         drained, code, answered, in_flight = _sigterm_drain(deploy, args, body, log)
-        print(f'\nSIGTERM with {in_flight} of 16 requests in flight: answered {answered}/16, exit code '
-              f'{code}, {drained:.2f} s from the signal to the exit')
+        print(f'\nSIGTERM with {in_flight} of 16 requests in flight: answered {answered}/16, '
+              f'exit code {code}, {drained:.2f} s from the signal to the exit')
         log.close()
 
 

@@ -247,6 +247,15 @@ def test_a_full_queue_answers_503_with_retry_after(export_server, images):
     assert _post(url, paths[0]).status_code == 200
 
 
+@pytest.mark.parametrize('waiting', range(0, 20))
+def test_a_group_runs_in_powers_of_two_longest_first_in_order(waiting):
+    from psanet.serve.batcher import power_of_two_runs
+    runs = power_of_two_runs(list(range(waiting)))
+    bits = [1 << b for b in reversed(range(waiting.bit_length())) if waiting >> b & 1]
+    assert [len(run) for run in runs] == bits
+    assert [item for run in runs for item in run] == list(range(waiting))
+
+
 def test_concurrent_requests_of_one_size_share_runs(mini_model_server, images):
     from engine_helpers import dygraph_logits, mini_psanet_for_eval
     url, _ = mini_model_server
@@ -259,6 +268,7 @@ def test_concurrent_requests_of_one_size_share_runs(mini_model_server, images):
     shared = {int(n): after.get(n, 0) - before.get(n, 0) for n in after}
     assert sum(n * runs for n, runs in shared.items()) == len(batch), shared
     assert any(n > 1 and runs for n, runs in shared.items()), shared
+    assert all(n & (n - 1) == 0 for n, runs in shared.items() if runs), shared  # 1, 2, 4, 8
     assert max(int(a.headers['x-batch-size']) for a in answers) > 1
     for path, answer in zip(batch, answers):  # a batch adds its sums in another order
         assert_logits_agree(_png_labels(answer)[0], dygraph_logits(model, path),

@@ -2,9 +2,13 @@
 
 A request puts its preprocessed ``[1, 3, H, W]`` input on the queue and awaits a
 future. The batcher takes the first waiting input, then up to ``max_batch`` in all
-within ``max_wait_s``; inputs of one shape are concatenated into one run (as
-Triton's dynamic batcher does), each request gets its slice of the output. A full
-queue refuses at once (:class:`QueueFull`), so memory stays bounded. Other work
+within ``max_wait_s``; inputs of one shape are concatenated into runs (as
+Triton's dynamic batcher does), each request gets its slice of the output. Runs
+hold a power of two of inputs (7 waiting: runs of 4, 2 and 1), so that an image
+size meets at most log2(max_batch) + 1 batch shapes: a backend keeps kernels and
+buffers per input shape (Paddle Inference's oneDNN cache), and its memory stops
+growing once those few have run. A full queue refuses at once
+(:class:`QueueFull`), so memory stays bounded. Other work
 for the model thread (the explorer's forward) goes through the same queue, alone.
 """
 import asyncio
@@ -19,6 +23,16 @@ __all__ = ['Batcher', 'QueueFull']
 
 class QueueFull(Exception):
     """The queue holds ``max_queue`` requests already."""
+
+
+def power_of_two_runs(items):
+    """``items`` in consecutive runs whose lengths are powers of two, the longest first."""
+    runs, start = [], 0
+    while start < len(items):
+        size = 1 << ((len(items) - start).bit_length() - 1)
+        runs.append(items[start:start + size])
+        start += size
+    return runs
 
 
 @dataclasses.dataclass
@@ -88,7 +102,8 @@ class Batcher:
                 if job.call is None:
                     groups[job.batch.shape].append(job)
             for group in groups.values():
-                await self._run_group(group)
+                for run in power_of_two_runs(group):
+                    await self._run_group(run)
             for job in calls:
                 await self._in_thread([job], job.call)
 

@@ -1,6 +1,6 @@
 """What the server serves: a :class:`psanet.Segmenter`, its classes, palette and contract.
 
-From an export (``deploy.yaml``: any runtime, INT8 included) the Segmenter runs
+From an export (``deploy.yaml``: any backend, INT8 included) the Segmenter runs
 the export; from a training config and weights it runs the dygraph model, whose
 attention the explorer page reads (:mod:`psanet.serve.explore`).
 """
@@ -96,7 +96,7 @@ def load_served_model(config, model_path=None, backend=None, device=None, int8=F
             raise ConfigError('--backend, --int8 and --cpu_threads choose how an export runs; a '
                               'training config runs as the dygraph model (export it with '
                               'export.py to '
-                              'serve it in a runtime).')
+                              'serve it in a backend).')
         from psanet.core.config import ComponentBuilder, load_config
         seg = Segmenter.from_config(config, model_path, backend='dygraph', **on_device)
         cfg = load_config(config)
