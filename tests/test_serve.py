@@ -322,3 +322,40 @@ def test_a_wrong_start_is_one_error_line_and_exit_2(flags, words):
     assert len(lines) == 1 and 'Traceback' not in done.stderr, done.stderr
     for word in words:
         assert word in lines[0]
+
+
+@pytest.fixture(scope='module')
+def onnx_export(mini_weights, tmp_path_factory):
+    """deploy.yaml of the mini PSANet exported for the ONNX backends, with its INT8 model."""
+    from conftest import onnx_tools_missing
+    missing = onnx_tools_missing()
+    if missing:
+        pytest.skip(missing)
+    from psanet.export import export_from_config
+    root = tmp_path_factory.mktemp('serve_onnx')
+    calib = root / 'calib'
+    calib.mkdir()
+    rng = np.random.RandomState(3)
+    for i in range(3):
+        cv2.imwrite(str(calib / f'{i}.png'), _image(rng, (96, 64)))
+    return export_from_config(MINI_CONFIG, mini_weights, str(root / 'export'),
+                              output_op='none', psa_impl='paddle', onnx=True,
+                              quantize='int8', calib_images=str(calib), calib_num=3)
+
+
+@pytest.mark.parametrize('backend, int8', [('onnxruntime', True), ('onnxruntime', False),
+                                           ('openvino', True)])
+def test_an_onnx_export_is_served_in_its_backend_as_the_segmenter_runs_it(
+        onnx_export, images, tmp_path, backend, int8):
+    import importlib.util
+    if importlib.util.find_spec(backend) is None:
+        pytest.skip(f'{backend} is not installed (pip install {backend})')
+    paths, _ = images
+    seg = Segmenter.from_export(onnx_export, backend=backend, int8=int8, cpu_threads=1)
+    flags = ['--config', onnx_export, '--backend', backend, '--cpu_threads', 1,
+             '--max_batch', 1] + (['--int8'] if int8 else [])
+    with running_server(flags, tmp_path / 'serve.log') as (_, url):
+        model = httpx.get(f'{url}/v1/model').json()
+        assert model['backend'] == backend
+        for path in paths[:3]:
+            assert np.array_equal(_png_labels(_post(url, path))[0], seg(path)), path
