@@ -148,7 +148,7 @@ def run(args, work):
     backends = [('dygraph, custom op', dygraph)]
     for impl in ('custom', 'paddle'):
         for mkldnn in (False, True):
-            runner = PaddleRunner(exports[impl], PredictorOptions(
+            runner = PaddleRunner(DeployConfig(exports[impl]), PredictorOptions(
                 enable_mkldnn=mkldnn, cpu_threads=args.cpu_threads))
             backends.append((f'Paddle Inference, {impl} op, oneDNN {"on" if mkldnn else "off"}',
                              runner.run))

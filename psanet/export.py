@@ -287,7 +287,8 @@ def _write_export(model, val_transforms, save_dir, options, num_classes):
         yaml.safe_dump({DEPLOY_SECTION: deploy}, f, sort_keys=False)
     if options.quantize:
         with without_stderr_lines(ORT_UNUSED_INITIALIZER):
-            quantize_export(save_dir, options.calib_images, list(options.calib_paths))
+            quantize_export(DeployConfig(save_dir), options.calib_images,
+                            list(options.calib_paths))
 
 
 def export_onnx(save_dir):
@@ -378,7 +379,7 @@ def compare_with_dygraph(model, deploy, image_paths, options=None, backend='padd
 
     Args:
         model (paddle.nn.Layer): The dygraph model the export was made from.
-        deploy (DeployConfig|str): The export's deploy config or its path.
+        deploy (DeployConfig): The export.
         image_paths (list[str]): Images, preprocessed with the export's transforms.
         options (PredictorOptions, optional): How the export runs (for onnxruntime, its
             ``cpu_threads``). Default: ``PredictorOptions()``.
@@ -391,7 +392,6 @@ def compare_with_dygraph(model, deploy, image_paths, options=None, backend='padd
         the same; ``max_abs_diff``, the largest difference of the exported output
         from the dygraph logits (or their softmax), None for an argmax export.
     """
-    deploy = deploy if isinstance(deploy, DeployConfig) else DeployConfig(deploy)
     runner = create_runner(deploy, backend, options, int8=int8)
     transforms = deploy.build_transforms()
     was_training = model.training

@@ -150,8 +150,10 @@ def test_infer_exits_nonzero_when_the_op_library_is_missing(setup, tmp_path):
 PURE_PADDLE_SCRIPT = '''
 import sys
 import numpy as np
+from psanet.deploy.deploy_config import DeployConfig
 from psanet.deploy.predictor import PaddleRunner, PredictorOptions
-runner = PaddleRunner(sys.argv[1], PredictorOptions(enable_mkldnn=sys.argv[3] == 'True'))
+runner = PaddleRunner(DeployConfig(sys.argv[1]),
+                      PredictorOptions(enable_mkldnn=sys.argv[3] == 'True'))
 np.save(sys.argv[2], runner.run(np.load(sys.argv[2] + '.in.npy')))
 with open('/proc/self/maps') as f:
     print('LIBRARY_MAPPED' if 'psa_mask_op' in f.read() else 'NO_LIBRARY')
@@ -195,7 +197,7 @@ def test_infer_rejects_bad_flags(setup, tmp_path, capfd, flags, message):
 @pytest.mark.skipif(paddle.is_compiled_with_cuda(), reason='checks the CPU-build message')
 def test_gpu_on_a_cpu_build_says_so(setup):
     with pytest.raises(DeployError, match='paddlepaddle-gpu'):
-        PaddleRunner(setup[1]['paddle'], PredictorOptions(device='gpu'))
+        PaddleRunner(DeployConfig(setup[1]['paddle']), PredictorOptions(device='gpu'))
 
 
 def test_a_batch_of_two_sizes_is_refused(setup):

@@ -76,7 +76,7 @@ def test_jit_load_agrees_with_dygraph(exported, impl):
 @pytest.mark.parametrize('enable_mkldnn', [False, True])
 def test_predictor_agrees_with_dygraph(exported, impl, enable_mkldnn):
     _, dirs, logits = exported
-    runner = PaddleRunner(os.path.join(dirs[impl], 'deploy.yaml'),
+    runner = PaddleRunner(DeployConfig(dirs[impl]),
                           PredictorOptions(device='cpu', enable_mkldnn=enable_mkldnn,
                                            cpu_threads=1))
     for shape in SHAPES:
@@ -101,7 +101,7 @@ def test_onnxruntime_agrees_with_dygraph(exported, onnx_export):
     with open(os.path.join(onnx_export, 'deploy.yaml')) as f:
         deploy = yaml.safe_load(f)['Deploy']
     assert os.path.isfile(os.path.join(onnx_export, deploy['onnx']))
-    runner = OnnxRunner(os.path.join(onnx_export, 'deploy.yaml'))
+    runner = OnnxRunner(DeployConfig(onnx_export))
     for shape in SHAPES:
         assert_logits_agree(runner.run(inputs(shape)), logits[shape], RTOL,
                             f'onnxruntime {shape}')
@@ -137,7 +137,7 @@ def test_fixed_input_shape_with_argmax_and_softmax(exported, tmp_path):
         save_dir = str(tmp_path / output_op)
         export_model(model, [{'type': 'Normalize'}], save_dir,
                      ExportOptions(input_shape=list(shape), output_op=output_op))
-        runner = PaddleRunner(save_dir, PredictorOptions(device='cpu'))
+        runner = PaddleRunner(DeployConfig(save_dir), PredictorOptions(device='cpu'))
         assert runner.deploy.input_shape == list(shape)
         got = runner.run(inputs(shape))
         if output_op == 'argmax':
@@ -210,7 +210,7 @@ def test_compare_with_dygraph_tells_a_different_model_apart(exported, tmp_path):
     model, dirs, _ = exported
     image = str(tmp_path / 'image.png')
     cv2.imwrite(image, np.random.RandomState(0).randint(0, 256, (64, 96, 3)).astype('uint8'))
-    same = compare_with_dygraph(model, dirs['custom'], [image],
+    same = compare_with_dygraph(model, DeployConfig(dirs['custom']), [image],
                                 PredictorOptions(enable_mkldnn=True))
     # oneDNN's convolutions round differently (RTOL): only near-ties may change class.
     batch = preprocess([image], DeployConfig(dirs['custom']).build_transforms())[0]
@@ -221,7 +221,7 @@ def test_compare_with_dygraph_tells_a_different_model_apart(exported, tmp_path):
     assert clear.mean() > 0.9
     assert same['pixel_agreement'] >= clear.mean() and same['max_abs_diff'] <= atol, same
     _, other = build_config_model(seed=7)
-    different = compare_with_dygraph(other, dirs['paddle'], [image])
+    different = compare_with_dygraph(other, DeployConfig(dirs['paddle']), [image])
     assert different['pixel_agreement'] < 0.99 and different['max_abs_diff'] > 1.0
 
 

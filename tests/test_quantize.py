@@ -192,7 +192,8 @@ def test_the_export_check_compares_the_int8_model_with_dygraph(export):
     from psanet.export import compare_with_dygraph
     save_dir, images = export
     model = mini_psanet_for_eval(seed=1)  # the fixture's weights again
-    result = compare_with_dygraph(model, save_dir, images, backend='onnxruntime', int8=True)
+    result = compare_with_dygraph(model, DeployConfig(save_dir), images, backend='onnxruntime',
+                                  int8=True)
     labels = Segmenter.from_export(save_dir, backend='onnxruntime', int8=True)(images)
     want = np.mean([(label == dygraph_logits(model, path).argmax(0)).mean()
                     for label, path in zip(labels, images)])

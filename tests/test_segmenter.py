@@ -14,6 +14,7 @@ import pytest
 
 from psanet import Segmenter
 from psanet.deploy import backends
+from psanet.deploy.deploy_config import DeployConfig
 from psanet.deploy.processing import restore_logits
 from psanet.errors import DeployError
 from conftest import (MINI_CONFIG, MINI_PSANET_RTOL, assert_logits_agree, clear_margin_pixels,
@@ -144,7 +145,6 @@ def test_logits_are_resized_back_like_paddleseg():
 @needs_onnx
 def test_the_default_runtime_is_the_fastest_installed(checkpoint, monkeypatch):
     _, _, export, _ = checkpoint
-    from psanet.deploy.deploy_config import DeployConfig
     deploy = DeployConfig(export)
     fastest = 'openvino' if backends.installed('openvino') else 'onnxruntime'
     assert backends.default_backend(deploy) == fastest
@@ -387,7 +387,7 @@ def test_openvino_is_asked_for_f32_on_any_cpu(checkpoint, monkeypatch, runtime):
             return super().compile_model(model, device_name, config or {})
 
     monkeypatch.setattr(openvino, 'Core', Core)
-    runner = backends.create_runner(checkpoint[2], runtime,
+    runner = backends.create_runner(DeployConfig(checkpoint[2]), runtime,
                                     backends.PredictorOptions(cpu_threads=1))
     assert [(device, config.get('INFERENCE_PRECISION_HINT')) for device, config in asked] == \
         [('CPU', 'f32')]

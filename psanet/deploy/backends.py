@@ -14,7 +14,6 @@ import numpy as np
 
 from psanet.errors import DeployError
 
-from .deploy_config import DeployConfig
 from .predictor import PaddleRunner, PredictorOptions
 from .predictor import _check_batch as check_batch
 
@@ -67,14 +66,13 @@ def create_runner(deploy, backend, options=None, int8=False):
     """A runner of ``deploy`` in ``backend`` ('paddle', 'onnxruntime' or 'openvino').
 
     Args:
-        deploy (DeployConfig|str): The export.
+        deploy (DeployConfig): The export.
         backend (str): One of ``EXPORT_BACKENDS``.
         options (PredictorOptions, optional): device, threads, oneDNN (Paddle Inference).
             Default: ``PredictorOptions()``.
         int8 (bool, optional): Run the quantised ``model_int8.onnx`` (CPU, ONNX backends).
             Default: False.
     """
-    deploy = deploy if isinstance(deploy, DeployConfig) else DeployConfig(deploy)
     options = options or PredictorOptions()
     if backend not in EXPORT_BACKENDS:
         raise DeployError(f'the backend must be one of {EXPORT_BACKENDS}, got {backend!r}.')

@@ -139,10 +139,10 @@ class Pipeline:
             raise DeployError(f'cpu_threads must be an integer >= 1 (or None: PaddleSeg\'s '
                               f'{DEFAULT_CPU_THREADS}, or the CPUs this process may use when '
                               f'fewer, {default_cpu_threads()} here), got {cpu_threads!r}.')
+        deploy = DeployConfig(path)
         options = PredictorOptions(device=device, enable_mkldnn=bool(enable_mkldnn),
                                    cpu_threads=cpu_threads)
-        return cls.from_deploy(DeployConfig(path), backend, options, bool(int8), batch_size,
-                               workdir)
+        return cls.from_deploy(deploy, backend, options, bool(int8), batch_size, workdir)
 
     @classmethod
     def from_deploy(cls, deploy, backend=None, options=None, int8=False, batch_size=1,

@@ -18,7 +18,7 @@ from psanet.contract import INPUT_NAME
 from psanet.errors import DeployError
 from psanet.log import get_logger
 
-from .deploy_config import DeployConfig, check_params_file
+from .deploy_config import check_params_file
 
 __all__ = ['PredictorOptions', 'create_predictor', 'PaddleRunner', 'OnnxRunner', 'load_custom_op',
            'PRECISIONS', 'DEFAULT_DEVICE', 'DEFAULT_CPU_THREADS', 'INFER_ENABLE_MKLDNN',
@@ -128,7 +128,7 @@ def create_predictor(deploy, options=None):
     """A ``paddle.inference`` predictor for the model ``deploy`` describes.
 
     Args:
-        deploy (DeployConfig|str): The deploy config, or the path of deploy.yaml.
+        deploy (DeployConfig): The export.
         options (PredictorOptions, optional): Default: ``PredictorOptions()`` (CPU, oneDNN
             off, :func:`default_cpu_threads`).
 
@@ -137,8 +137,6 @@ def create_predictor(deploy, options=None):
     """
     from paddle import inference
     options = options or PredictorOptions()
-    if not isinstance(deploy, DeployConfig):
-        deploy = DeployConfig(deploy)
     check_params_file(deploy.params, deploy.model)
     if deploy.holds_custom_op:
         load_custom_op()
@@ -222,13 +220,13 @@ class PaddleRunner:
     """An exported model in Paddle Inference: ``run(batch) -> output``.
 
     Args:
-        deploy (DeployConfig|str): The deploy config or its path.
+        deploy (DeployConfig): The export.
         options (PredictorOptions, optional): Default: ``PredictorOptions()``.
     """
 
     def __init__(self, deploy, options=None):
-        self.deploy = deploy if isinstance(deploy, DeployConfig) else DeployConfig(deploy)
-        self.predictor = create_predictor(self.deploy, options)
+        self.deploy = deploy
+        self.predictor = create_predictor(deploy, options)
         self._input = self.predictor.get_input_handle(self.predictor.get_input_names()[0])
         self._output = self.predictor.get_output_handle(self.predictor.get_output_names()[0])
 
@@ -248,16 +246,15 @@ class OnnxRunner:
     """An exported model's ``model.onnx`` in onnxruntime on the CPU: ``run(batch) -> output``.
 
     Args:
-        deploy (DeployConfig|str): The deploy config or its path; the export must have
-            been made with ``--psa_impl paddle --onnx``.
+        deploy (DeployConfig): The export, made with ``--psa_impl paddle --onnx``.
         options (PredictorOptions, optional): Its ``cpu_threads`` are onnxruntime's
             intra-op threads; the rest is Paddle Inference's. Default: ``PredictorOptions()``.
     """
 
     def __init__(self, deploy, options=None):
         options = options or PredictorOptions()
-        self.deploy = deploy if isinstance(deploy, DeployConfig) else DeployConfig(deploy)
-        path = self.deploy.onnx
+        self.deploy = deploy
+        path = deploy.onnx
         if path is None or not os.path.isfile(path):
             raise DeployError(f'{self.deploy.path} names no model.onnx; export with '
                               f'`--psa_impl paddle --onnx`.')

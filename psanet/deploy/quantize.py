@@ -22,7 +22,6 @@ from psanet.errors import ConfigError
 from psanet.files import write_file_whole
 from psanet.log import get_logger
 
-from .deploy_config import DeployConfig
 from .processing import preprocess
 
 __all__ = ['INT8_FILE', 'QUANTIZED_OPS', 'QUANTIZE_INSTALL', 'check_quantize_tools',
@@ -89,7 +88,7 @@ def quantize_export(deploy, calib_images, calib_paths, logger=None):
     """Writes ``model_int8.onnx`` for the export ``deploy`` and names it in its deploy.yaml.
 
     Args:
-        deploy (DeployConfig|str): An export made with ``--psa_impl paddle --onnx``.
+        deploy (DeployConfig): An export made with ``--psa_impl paddle --onnx``.
         calib_images (str): Where the calibration images are (a folder, an image or a list
             file), for the log.
         calib_paths (list[str]): The calibration images, as :func:`check_calib_images`
@@ -101,7 +100,6 @@ def quantize_export(deploy, calib_images, calib_paths, logger=None):
     """
     logger = logger or get_logger()
     check_quantize_tools()
-    deploy = deploy if isinstance(deploy, DeployConfig) else DeployConfig(deploy)
     if deploy.onnx is None:
         raise ConfigError('--quantize int8 quantises model.onnx: add --psa_impl paddle --onnx.')
     import onnx
