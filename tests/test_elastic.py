@@ -212,8 +212,7 @@ def _wait_for(condition, launchers, seconds, what, logs):
     (1, 0, KILL_AFTER + SAVE_INTERVAL - 1),
     # Two launchers: node 0's launcher ended (exit 1) instead of restarting once in 4 CI
     # runs (Paddle's etcd watch racing the failure, docs/training.md): not yet reliable.
-    pytest.param(2, 1, KILL_AFTER + 1, marks=pytest.mark.skip(
-        reason='flaky: the surviving node\'s launcher sometimes exits instead of restarting')),
+    (2, 1, KILL_AFTER + 1),
 ], ids=['1x2-rank1-after16', '1x2-rank0-after19', '2x1-rank1-after16'])
 def test_killed_rank_restarts_from_the_last_checkpoint(tmp_path, toy, uninterrupted, nnodes,
                                                        rank, after):
