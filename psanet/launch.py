@@ -1,8 +1,8 @@
 """``python -m psanet.launch``: ``paddle.distributed.launch`` with its master checked.
 
-It takes exactly the arguments of Paddle's launcher and then becomes it (``exec``:
-the same process, signals and exit code), with two checks (docs/training.md, "On a
-cluster"):
+It takes exactly the arguments of Paddle's launcher and then runs it in this process
+(the same process, signals and exit code), with two checks and one correction
+(docs/training.md, "On a cluster"):
 
 - an ``etcd://`` master (Paddle's elastic mode): what etcd3 0.12 and gRPC need is
   set, and the etcd must answer, so that one that is down or unreachable is one
@@ -11,7 +11,9 @@ cluster"):
   timeout, so a node that never comes would leave the others waiting for ever. A
   watcher process kills this launcher (SIGKILL: it has no ranks yet, and a
   scheduler takes a SIGTERMed one for a preempted one) and says so in one line when
-  its ranks have not started within ``PSANET_RENDEZVOUS_TIMEOUT`` seconds (300).
+  its ranks have not started within ``PSANET_RENDEZVOUS_TIMEOUT`` seconds (300);
+- with an ``etcd://`` master and ``--elastic_level 1``, a node whose own ranks failed
+  restarts for certain (``restart_own_failure``), as every other node does.
 """
 import glob
 import os
@@ -35,14 +37,19 @@ ETCD_ENVIRONMENT = {'PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION': 'python',
 
 def _launcher_args(argv):
     """The launcher's own flags, parsed by the launcher's parser (train.py's come after
-    the script and are not looked at)."""
-    from paddle.distributed.launch.context.args_envs import parse_args
+    the script and are not looked at), with its ``PADDLE_*`` variables overriding them
+    as in the launcher's ``Context``."""
+    from paddle.distributed.launch.context.args_envs import env_args_mapping, parse_args
     saved = sys.argv
     sys.argv = ['launch'] + list(argv)
     try:
-        return parse_args()[0]
+        args = parse_args()[0]
     finally:
         sys.argv = saved
+    for variable, (name, kind) in env_args_mapping.items():
+        if variable in os.environ:
+            setattr(args, name, kind(os.environ[variable]))
+    return args
 
 
 def check_etcd(master, timeout=ETCD_TIMEOUT):
@@ -98,6 +105,23 @@ def watch_rendezvous(launcher, args, timeout):
     os._exit(0)
 
 
+def restart_own_failure():
+    """Makes Paddle's elastic launcher (3.3.1) restart, not end, when its own pod fails.
+
+    ``controllers/controller.py:ControllerBase.watch`` marks the launcher FAILED (a done
+    state), deletes the job's heartbeat keys in the etcd and stops its pod, and counts on
+    the etcd watch callback of ``controllers/master.py:ETCDMaster.register_heartbeat``
+    (the deletion event) to make it RESTARTING before the next round's
+    ``ETCDMaster.wait_peer_ready``. That callback comes from another thread and loses the
+    race when the stopped pod held only dead ranks (stopping it takes no time), and it
+    never comes when a peer node deleted the keys first (a delete of nothing sends no
+    event): ``wait_peer_ready`` then skips its wait, counts no heartbeat and the launcher
+    ends ("peer not ready", the failed rank's exit code). With ``--elastic_level`` 1 the
+    failure is always followed by a restart, so the status is RESTARTING at once."""
+    from paddle.distributed.launch.context.status import Status
+    Status.fail = Status.restart  # ControllerBase.watch is its only caller
+
+
 def _rendezvous_timeout():
     value = os.environ.get('PSANET_RENDEZVOUS_TIMEOUT', str(RENDEZVOUS_TIMEOUT))
     if not value.isdigit() or int(value) < 1:
@@ -113,12 +137,14 @@ def main(argv=None):
             os.environ.setdefault(name, value)
     if argv and argv[0] not in ('-h', '--help'):
         args = _launcher_args(argv)
-        master = args.master or os.environ.get('PADDLE_MASTER') or ''
+        master = args.master or ''
         if master.startswith('etcd://'):
             problem = check_etcd(master)
             if problem is not None:
                 print(f'error: {problem}', file=sys.stderr)
                 return 2
+            if args.elastic_level > 0:
+                restart_own_failure()
         elif master and str(args.nnodes).split(':')[0] not in ('', '1'):
             timeout = _rendezvous_timeout()
             if timeout is None:
@@ -126,7 +152,9 @@ def main(argv=None):
                       f'0, got {os.environ["PSANET_RENDEZVOUS_TIMEOUT"]!r}.', file=sys.stderr)
                 return 2
             watch_rendezvous(os.getpid(), args, timeout)
-    os.execv(sys.executable, [sys.executable, '-m', 'paddle.distributed.launch'] + argv)
+    from paddle.distributed.launch.main import launch
+    sys.argv = sys.argv[:1] + argv
+    launch()  # exits with the launcher's code
 
 
 if __name__ == '__main__':
