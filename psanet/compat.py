@@ -3,45 +3,40 @@
 Each entry: what breaks and what is done; the upstream issue; the versions
 that need it; the check that turns it off; where it lives.
 
-1. "No ccache found": every ``import paddle`` warns it (paddle.utils imports
-   cpp_extension, which looks for ccache), before every real error of our
-   tools. Ignored: the op build does without ccache.
-   Paddle #75836. Paddle 3.0 to 3.3.1 at least. No check: a filter for a
-   warning that is not printed does nothing. Here (``CCACHE_WARNING``, filtered
-   on import: psanet.cli, psanet.core and psanet.models import this module first).
+1. "No ccache found": every ``import paddle`` warns it (cpp_extension looks for ccache),
+   before every real error of our tools; the op build does without ccache. Ignored.
+   Paddle #75836. Paddle 3.0 to 3.3.1 at least. No check: a filter for a warning that
+   is not printed does nothing. Here (``CCACHE_WARNING``, filtered on import:
+   psanet.cli, psanet.core and psanet.models import this module first).
 2. ``enable_memory_optim()`` fails predictor creation for PIR programs ("Not
    find predictor_id 0 and pass_name memory_optimize_pass"). Left off.
    Paddle #75496, open. Paddle >= 3.0. ``MEMORY_OPTIM.needed()``; where not
    needed, memory reuse is turned on. ``configure_inference``.
-3. With oneDNN on, a saved ``bilinear_interp`` cannot run as a oneDNN kernel:
-   Paddle 3.3 refuses it ("ConvertPirAttribute2RuntimeAttribute not support
-   ArrayAttribute<DoubleAttribute>"), 3.0 to 3.2 run it ignoring
-   ``align_corners=True``, a silently wrong output (logits off by 8 in the mini
-   PSANet). ``onednn_placement_pass`` is deleted: the fused convolution passes
-   still run in oneDNN, the other ops take their plain kernels. Paddle #79749,
-   open. Paddle >= 3.0 (3.0.0, 3.1.1, 3.2.2 and 3.3.1 measured).
-   ``ONEDNN_PLACEMENT.needed()``. ``configure_inference``.
+3. With oneDNN on, a saved ``bilinear_interp`` cannot run as a oneDNN kernel: Paddle
+   3.3 refuses it ("ConvertPirAttribute2RuntimeAttribute not support
+   ArrayAttribute<DoubleAttribute>"), 3.0 to 3.2 run it ignoring ``align_corners=True``,
+   a silently wrong output (logits off by 8 in the mini PSANet).
+   ``onednn_placement_pass`` is deleted: the fused convolutions still run in oneDNN,
+   the other ops take their plain kernels. Paddle #79749, open. Paddle >= 3.0 (3.0.0,
+   3.1.1, 3.2.2, 3.3.1 measured). ``ONEDNN_PLACEMENT.needed()``. ``configure_inference``.
 4. The CPU predictor with oneDNN hands a custom op its input in oneDNN's
    blocked layout, with no reorder in front as for built-in ops. The op
    reorders it with Paddle's ``TransDataLayoutFromOneDNN``, declared by hand
    (its header needs oneDNN headers) and weak. None filed. Paddle 3.x with
    oneDNN. No check: it acts on oneDNN-layout input only. ops/psa_mask.cc,
    the block at its top.
-5. The inference executor reports ``PD_CHECK``'s exception as a bare
-   "std::exception". The op throws Paddle's ``EnforceNotMet``
-   (InvalidArgument; External for a failed CUDA launch), built by hand. None
-   filed. Paddle 3.x. No check: it is Paddle's own error type.
-   ops/psa_mask_common.h (``PSA_MASK_CHECK``); ops/psa_mask.cc, the block at its top.
-6. Only a private function, ``extension_utils._get_core_name()``, knows the
-   name of Paddle's core library, which the op links. No public API. Paddle
-   3.x (libpaddle.so). A fallback, not a version: the file name of the
-   ``paddle.base.libpaddle`` module. ``paddle_core_library()`` in
-   psanet/ops/build.py (psanet/ops imports nothing of ours).
+5. The inference executor reports ``PD_CHECK``'s exception as a bare "std::exception".
+   The op throws Paddle's ``EnforceNotMet`` (InvalidArgument; External for a failed CUDA
+   launch), built by hand. None filed. Paddle 3.x. No check: it is Paddle's own error
+   type. ops/psa_mask_common.h (``PSA_MASK_CHECK``); ops/psa_mask.cc, at its top.
+6. Only a private function, ``extension_utils._get_core_name()``, knows the name of
+   Paddle's core library, which the op links. No public API. Paddle 3.x (libpaddle.so).
+   A fallback, not a version: the file name of the ``paddle.base.libpaddle`` module.
+   ``paddle_core_library()`` in psanet/ops/build.py (psanet/ops imports nothing of ours).
 7. A built op library is registered with ``load_op_meta_info_and_register_op``:
-   undocumented, not in ``paddle.utils.cpp_extension.__all__``, but what the
-   stubs of Paddle's own ``cpp_extension.setup`` call. No public API. Paddle
-   3.x. A fallback, not a version: the same function in ``extension_utils``.
-   ``register_op_library()`` in psanet/ops/library.py.
+   undocumented, not in ``cpp_extension.__all__``, but what the stubs of Paddle's own
+   ``cpp_extension.setup`` call. No public API. Paddle 3.x. A fallback, not a version:
+   the same function in ``extension_utils``. ``register_op_library()``, ops/library.py.
 8. paddleseg 2.8.0's ``CrossEntropyLoss._post_process_loss`` mixes int64 and
    float32 operands, which Paddle 3 no longer promotes. None filed. Paddle >=
    3.0 with paddleseg 2.8.0. ``PADDLESEG_CROSS_ENTROPY.needed()``: only on
@@ -51,13 +46,13 @@ that need it; the check that turns it off; where it lives.
    which Paddle >= 2.6 refuses. PaddleSeg #3556. Paddle >= 2.6 with
    paddleseg 2.8.0. ``PADDLESEG_CALCULATE_AREA.needed()``: only on paddleseg
    2.8.0. ``calculate_area``, applied by ``apply_paddleseg_fixes``.
-10. A DataLoader iterator left before its end (an exception, a signal) is
-   never shut down: its reader thread refers to it, so its ``__del__`` does
-   not run, and at exit Paddle shuts down only the last loader; its workers
-   and thread live on (and an interrupted run then waits for them or leaves
-   their shared memory in /dev/shm). ``shut_down_loader`` calls the
-   iterator's private ``_try_shutdown_all``. None filed. Paddle 3.x (3.3.1).
-   No check: it does what the end of an epoch does. psanet/core/data_loader.py.
+10. A DataLoader iterator left before its end (an exception, a signal) is never shut
+   down: its reader thread refers to it, so its ``__del__`` does not run, and at exit
+   Paddle shuts down only the last loader; its workers and thread live on (an
+   interrupted run waits for them or leaves their shared memory in /dev/shm).
+   ``shut_down_loader`` calls the iterator's private ``_try_shutdown_all``. None
+   filed. Paddle 3.x (3.3.1). No check: it does what the end of an epoch does.
+   psanet/core/data_loader.py.
 11. cityscapesScripts (2.3.0, the newest) calls ``np.in1d``, which numpy 2.4
    removed: its evaluators fail with AttributeError. ``numpy.in1d`` is set to
    the same function on ``np.isin``, in the evaluator's process only
@@ -86,15 +81,13 @@ that need it; the check that turns it off; where it lives.
    ``Place``. None filed. Paddle 3.0 (3.1.0 not tried). ``PLACE_KIND.needed()``.
    ``generic_place``, used by psanet/deploy/attention_memory.py.
 16. ``paddle.jit.save`` of a Layer wrapping another replaces the inner Layer's
-   ``forward`` with a ``WeakMethod`` on 3.0.0, so a later export of that model
-   itself (``--output_op none``) fails ("'WeakMethod' object has no attribute
-   '__name__'"). The inner ``forward`` is put back after the save. None filed (fixed in 3.1). Paddle
-   3.0.0. ``JIT_SAVE_FORWARD.needed()``. ``keep_forward``, used by psanet/export.py.
+   ``forward`` with a ``WeakMethod`` on 3.0.0, so a later export of that model itself
+   fails ("'WeakMethod' object has no attribute '__name__'"); it is put back after the
+   save. None filed. Paddle 3.0.0. ``JIT_SAVE_FORWARD.needed()``; ``keep_forward``.
 17. For the tests only: Paddle 3.0.0's predictor cannot open a program without
-   parameters (it looks for the ``.pdiparams`` that ``paddle.jit.save`` writes
-   only when there are some). The tests' parameterless programs multiply by a
-   parameter of 1. None filed. Paddle 3.0.0 (3.1.1 runs it). ``PARAMETERLESS_PROGRAM``;
-   tests/test_psa_mask_export.py, tests/test_psa_mask_threads.py.
+   parameters (it wants the ``.pdiparams`` ``jit.save`` writes only when there are
+   some): the tests' programs multiply by a parameter of 1. None filed. Paddle 3.0.0.
+   ``PARAMETERLESS_PROGRAM``; tests/test_psa_mask_export.py and _threads.py.
 18. For the tests only: the CPU build of Paddle 3.0.0 does not export
    ``paddle::Tensor::stream()``, which the CUDA launchers call, so the op library
    with CUDA kernels built against it does not load there (paddlepaddle-gpu
@@ -125,6 +118,12 @@ that need it; the check that turns it off; where it lives.
    ``ORT_UNUSED_INITIALIZER``, with ``psanet.log.without_stderr_lines`` in
    psanet/export.py). None filed. Paddle 3.3.1, onnxruntime 1.32.0 (others not
    checked). tests/test_compat.py fails once either stops printing its line.
+24. With ``--elastic_level 1`` Paddle's launcher marks itself FAILED when its own pod
+   fails (``ControllerBase.watch``) and counts on an etcd watch event to make it
+   RESTARTING before its next ``ETCDMaster.wait_peer_ready``: the event comes late or,
+   when another node deleted the keys first, never, and the node ended instead of
+   restarting (4 of 8 two-node runs). Its ``Status.fail`` restarts. None filed. Paddle
+   3.3.1 (others not checked). ``ELASTIC_OWN_FAILURE.needed()``. psanet/launch.py.
 
 Issues: https://github.com/PaddlePaddle/{Paddle,PaddleSeg}/issues/<n>.
 
@@ -137,18 +136,18 @@ every module of ours that needs the model) says in one line what to install when
 paddleseg is missing (``require_paddleseg``) and applies the paddleseg fixes (8,
 9); the predictor calls ``configure_inference`` (2, 3); the engine's loaders
 call ``shut_down_loader`` (10); tools/evaluate_cityscapes.py calls
-``cityscapes_evaluator_fix`` (11). The op's own (4 to 7) live with the op,
-which imports nothing of ours. This module imports nothing of ours, and paddle
-(to check its version) and paddleseg only inside the functions that need them:
-importing it is light, and the deploy package may import it without the training stack.
+``cityscapes_evaluator_fix`` (11); psanet.launch, ``restart_own_failure`` (24). The
+op's own (4 to 7) live with the op, which imports nothing of ours. This module imports
+nothing of ours, and paddle (to check its version) and paddleseg only inside the
+functions that need them: importing it is light, even for the deploy package.
 
 To retire a workaround once upstream fixes it, set ``fixed`` of its record to
 the first good version (its check then turns it off there), and delete it
 when no supported version needs it. tests/test_compat.py has, for 2, 3, 8, 9,
-12 to 18 and 20 to 23 (19: tests/test_memory.py), a test that fails as soon as
-this Paddle no longer needs it (or needs it where its record says not). The gates
-were set from runs on Paddle 3.0.0, 3.1.1, 3.2.2 and 3.3.1. paddleseg.core is not
-patched: psanet.core is the engine, on paddleseg's components.
+12 to 18 and 20 to 24 (19: tests/test_memory.py), a test that fails as soon as
+this Paddle no longer needs it (or needs it where its record says not).
+The gates were set from runs on Paddle 3.0.0, 3.1.1, 3.2.2 and 3.3.1. paddleseg.core
+is not patched: psanet.core is the engine, on paddleseg's components.
 """
 import contextlib
 import re
@@ -227,6 +226,7 @@ JIT_SAVE_FORWARD = Workaround('none filed', first=(3, 0), fixed=(3, 1))
 PARAMETERLESS_PROGRAM = Workaround('none filed', first=(3, 0), fixed=(3, 1))
 CPU_TENSOR_STREAM = Workaround('none filed', first=(3, 0), fixed=(3, 1))
 FREE_GPU_MEMORY = Workaround('none filed', first=(3, 0), fixed=(3, 3))
+ELASTIC_OWN_FAILURE = Workaround('none filed', first=(3, 0))
 PADDLESEG_CROSS_ENTROPY = Workaround('none filed', first=(3, 0), paddleseg=(2, 8, 0))
 PADDLESEG_CALCULATE_AREA = Workaround(_ISSUES.format('PaddleSeg', 3556), first=(2, 6),
                                       paddleseg=(2, 8, 0))

@@ -21,7 +21,7 @@ import signal
 import sys
 import time
 
-from psanet import compat  # noqa: F401  (filters Paddle's ccache notice before paddle loads)
+from psanet import compat  # first: it filters Paddle's ccache notice before paddle loads
 
 __all__ = ['main']
 
@@ -106,7 +106,8 @@ def watch_rendezvous(launcher, args, timeout):
 
 
 def restart_own_failure():
-    """Makes Paddle's elastic launcher (3.3.1) restart, not end, when its own pod fails.
+    """Makes Paddle's elastic launcher restart, not end, when its own pod fails
+    (psanet/compat.py, entry 24).
 
     ``controllers/controller.py:ControllerBase.watch`` marks the launcher FAILED (a done
     state), deletes the job's heartbeat keys in the etcd and stops its pod, and counts on
@@ -143,7 +144,7 @@ def main(argv=None):
             if problem is not None:
                 print(f'error: {problem}', file=sys.stderr)
                 return 2
-            if args.elastic_level > 0:
+            if args.elastic_level > 0 and compat.ELASTIC_OWN_FAILURE.needed():
                 restart_own_failure()
         elif master and str(args.nnodes).split(':')[0] not in ('', '1'):
             timeout = _rendezvous_timeout()

@@ -152,6 +152,35 @@ def test_each_gate_says_what_was_measured_on_the_releases_it_names(name):
     assert got == MEASURED[name], f'{name} {record}'
 
 
+def test_the_elastic_launcher_still_ends_on_its_own_failure_where_its_record_says():
+    """24: Paddle's launcher marks its own pod's failure FAILED (a done state), and its wait
+    for peers stops in a done state, so only an etcd event makes it restart: once Paddle
+    changes either, the record needs its ``fixed`` release."""
+    import inspect
+    from paddle.distributed.launch.controllers.controller import ControllerBase
+    from paddle.distributed.launch.controllers.master import ETCDMaster
+    from paddle.distributed.launch.context.status import Status
+    marks_failed = 'self.ctx.status.fail()' in inspect.getsource(ControllerBase.watch)
+    stops_when_done = 'is_done()' in inspect.getsource(ETCDMaster.wait_peer_ready)
+    status = Status()
+    status.fail()
+    assert (marks_failed and stops_when_done and status.is_done()) == \
+        compat.ELASTIC_OWN_FAILURE.needed()
+
+
+def test_psanet_launch_makes_its_own_failure_a_restart(tmp_path):
+    # In a fresh interpreter: the change is to Paddle's class, for the launcher's process.
+    code = ('from psanet.launch import restart_own_failure\n'
+            'from paddle.distributed.launch.context.status import Status\n'
+            'restart_own_failure()\n'
+            'status = Status()\n'
+            'status.fail()\n'
+            'assert status.is_restarting() and not status.is_done(), status._current_status')
+    result = run_process([sys.executable, "-c", code], capture_output=True, text=True,
+                            cwd=tmp_path, env=dict(os.environ, PYTHONPATH=ROOT), timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
 def test_the_measured_releases_are_the_documented_ones():
     releases = {r for measured in MEASURED.values() for r in measured}
     said = re.search(r'The gates were set from runs on\s+Paddle ([\d.]+), ([\d.]+), ([\d.]+) '
