@@ -121,7 +121,10 @@ def _unpack(archive, folder, flag, url):
                 members = opened.getmembers()
                 _check_members([f'/{m.name} (a link)' if m.issym() or m.islnk() else m.name
                                 for m in members], flag, url)
-                opened.extractall(folder)
+                # The members are checked above; the 'data' filter (where tarfile has it)
+                # also refuses device files and drops modes no download should set.
+                extra = {'filter': 'data'} if hasattr(tarfile, 'data_filter') else {}
+                opened.extractall(folder, **extra)
     except (tarfile.TarError, zipfile.BadZipFile, EOFError) as error:
         raise CheckpointError(f'{flag} {url} is not a readable archive ({error}): pass the '
                               'URL of a .zip or .tar.gz holding model.pdparams, or of the '
