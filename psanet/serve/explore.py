@@ -16,9 +16,7 @@ import numpy as np
 
 from psanet.errors import ConfigError
 
-__all__ = ['ExploredImages', 'forward', 'DIRECTIONS']
-
-DIRECTIONS = {0: 'collect', 1: 'distribute'}
+__all__ = ['ExploredImages', 'forward']
 
 
 def forward(segmenter, model, batch):
@@ -48,6 +46,7 @@ class ExploredImages:
     def add(self, image_size, batch, info, records, label):
         """Keeps one image's records; returns the page's answer (id, size, class map).
         OverflowError for an image whose maps alone are over ``max_bytes``."""
+        from psanet.ops.psa_mask import PSA_TYPE_NAMES
         from psanet.visualize.attention import MapGeometry
         size = sum(record.attention.nbytes for record in records)
         if size > self.max_bytes:
@@ -69,11 +68,12 @@ class ExploredImages:
         return {'id': image_id, 'height': int(image_size[0]), 'width': int(image_size[1]),
                 'label': _bytes(label),
                 'counts': {int(c): int(n) for c, n in zip(classes, counts)},
-                'branches': [{'direction': DIRECTIONS[r.psa_type], 'map_size': list(r.map_size)}
+                'branches': [{'direction': PSA_TYPE_NAMES[r.psa_type], 'map_size': list(r.map_size)}
                              for r in records]}
 
     def point(self, image_id, x, y):
         """The maps of image pixel (x, y); KeyError for an image no longer kept."""
+        from psanet.ops.psa_mask import PSA_TYPE_NAMES
         from psanet.visualize.attention import branch_map, check_points
         with self._lock:
             image_size, records, geometries, _ = self._entries[image_id]
@@ -88,7 +88,7 @@ class ExploredImages:
             values = geometry.upsample(branch_map(record, row, col))
             low, high = float(values.min()), float(values.max())
             spread = (values - low) / (high - low) if high > low else np.zeros_like(values)
-            maps.append({'direction': DIRECTIONS[record.psa_type], 'cell': [row, col],
+            maps.append({'direction': PSA_TYPE_NAMES[record.psa_type], 'cell': [row, col],
                          'map_size': list(record.map_size), 'min': low, 'max': high,
                          'values': _bytes(np.rint(spread * 255))})
         return {'x': x, 'y': y, 'maps': maps}
