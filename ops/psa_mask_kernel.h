@@ -262,8 +262,8 @@ inline Plan make_plan(const Geometry& g, int psa_type, int direction, int elemen
   return p;
 }
 
-// The largest slab: span + kTileColumns - 1 rows of a pitch at most 4 past its
-// least, 8-byte elements.
+// The largest slab: 8-byte elements, kMaxSpan + kTileColumns - 1 staged rows by
+// kTileColumns, either side padded by at most 3 for the pitch.
 constexpr int64_t kMaxSharedBytes =
     (kMaxSpan + kTileColumns - 1 + 4) * (kTileColumns + 4) * 8;
 static_assert(kMaxSharedBytes <= kSharedBytesLimit,

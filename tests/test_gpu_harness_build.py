@@ -56,6 +56,18 @@ def test_capi_rejects_bad_arguments_before_touching_cuda(capi_library, psa_type,
         harness.Library(capi_library).run(0, x, psa_type, *mask, 0xFF)
 
 
+def test_capi_binds_the_kernels_and_grid_arguments(capi_library):
+    """The C ABI's kernel selector and grid cap reach its checks where ctypes puts them."""
+    library = harness.Library(capi_library)
+    x = np.zeros((1, 9, 2, 2), np.float32)
+    with pytest.raises(harness.CapiError, match='kernels must be 0 .* got 3'):
+        library.run(0, x, 0, 3, 3, 0xFF, kernels=3)
+    with pytest.raises(harness.CapiError, match=r'max_grid_x must be .* got 0'):
+        library.run(0, x, 0, 3, 3, 0xFF, max_grid_x=0)
+    with pytest.raises(harness.CapiError, match='kernels must be 0 .* got -1'):
+        library.time(1, 'float32', Shape(1, 3, 3, 2, 2), 0, 0, 1, kernels=-1)
+
+
 def test_harness_exits_2_with_a_reason_without_a_gpu(capi_library, capsys):
     try:
         harness.Library(capi_library).device_info()

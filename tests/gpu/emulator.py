@@ -140,8 +140,8 @@ def main(argv=None):
     shapes = [tuple(args.shape[k:k + 4]) for k in range(0, len(args.shape), 4)] or [
         (1, 32, 64, 59), (1, 64, 128, 97)]
     emulator = Emulator(build())
-    print(f'| shape (N, H, W, mask) | {args.dtype} | blocks | shared bytes | load sectors '
-          '(fewest / touched) | store sectors | shared passes (fewest / used) | races | '
+    print(f'| shape (N, H, W, mask) | kernel, {args.dtype} | blocks | shared bytes | load '
+          'sectors (fewest / touched) | store sectors | shared passes (fewest / used) | races | '
           'reads per input element | writes per output element |')
     print('|' + '---|' * 10)
     for num, height, width, mask in shapes:
