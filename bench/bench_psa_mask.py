@@ -1,18 +1,24 @@
-"""CPU speed of the PSA mask op at the Cityscapes shapes, side by side in one run.
+"""Speed of the PSA mask op at the Cityscapes shapes, side by side in one run, on CPU or GPU.
 
 For each shape it times the custom op ('custom') and the pure-Paddle form
-('paddle'), forward and backward, beside the memory-bound limit: writing an
-output of the same size once with ``paddle.full``. Prints a markdown table of
-medians and ratios.
+('paddle'), forward and backward, beside the memory-bound limit: on the CPU,
+writing an output of the same size once with ``paddle.full``; on the GPU, a
+device copy of the bytes the op must move (the window entries it reads plus all
+of the output it writes: half of them read, half written). Prints a markdown
+table of medians and ratios.
 
-    python bench/bench_psa_mask.py [--repeats 5] [--psa-type collect] [--budget-gib 20]
-                                   [--threads N] [--impls custom paddle]
+    python bench/bench_psa_mask.py [--device cpu|gpu] [--repeats 5] [--psa-type collect]
+                                   [--budget-gib 20] [--threads N] [--impls custom paddle]
 
-Paddle and the op run on ``--threads`` CPU threads (default: all of them), set
-as a training script would, with ``paddle.base.core.set_num_threads``.
+On the CPU, Paddle and the op run on ``--threads`` threads (default: all of
+them), set as a training script would, with ``paddle.base.core.set_num_threads``.
+On the GPU (paddlepaddle-gpu, the op library built with its CUDA kernels) each
+call is timed between two ``paddle.device.synchronize()``. The GPU kernels alone,
+without Paddle, against a copy and against the kernels they replace:
+``tests/gpu/run_gpu_checks.py``.
 
-A cell that would need more memory than the budget (or than the machine has
-free), or whose single call would run past ``--max-seconds``, is skipped with
+A cell that would need more memory than the budget (or than the machine or GPU
+has free), or whose single call would run past ``--max-seconds``, is skipped with
 the reason printed under the table. ``--impls custom`` times the custom op
 alone (a before/after comparison of the kernels needs no pure-Paddle cells).
 """
@@ -41,6 +47,8 @@ GIB = 1 << 30
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--device', default='cpu', choices=['cpu', 'gpu'],
+                        help='where the op runs; default cpu')
     parser.add_argument('--repeats', type=int, default=5,
                         help='timed calls per measurement (median); default 5')
     parser.add_argument('--psa-type', default='collect', choices=['collect', 'distribute'])
@@ -55,7 +63,10 @@ def parse_args():
     return parser.parse_args()
 
 
-def available_bytes():
+def available_bytes(device):
+    if device == 'gpu':
+        return paddle.device.cuda.get_device_properties().total_memory - \
+            paddle.device.cuda.memory_allocated()
     try:
         with open('/proc/meminfo') as f:
             for line in f:
@@ -66,12 +77,22 @@ def available_bytes():
     return None
 
 
-def peak_bytes(impl, direction, num, mask, positions):
+def moved_elements(num, mask, height, width):
+    """The window entries the forward reads plus the output it writes."""
+    half = (mask - 1) // 2
+    on_rows = sum(min(height, h + mask - half) - max(0, h - half) for h in range(height))
+    on_columns = sum(min(width, w + mask - half) - max(0, w - half) for w in range(width))
+    return num * on_rows * on_columns + num * (height * width) ** 2
+
+
+def peak_bytes(impl, direction, num, mask, positions, moved):
     """Rough peak memory of one measurement (float32), from what it allocates."""
     x = 4 * num * mask * mask * positions
     y = 4 * num * positions * positions
     if impl == 'limit':
         return y
+    if impl == 'copy':
+        return 4 * moved
     # paddle.grad copies grad_outputs before running the grad op.
     backward = 2 * y + x if direction == 'backward' else 0
     if impl == 'custom':
@@ -82,36 +103,39 @@ def peak_bytes(impl, direction, num, mask, positions):
     return 2 * x + y + index + backward
 
 
-def time_calls(fn, repeats, max_seconds):
-    """Median seconds of fn() over repeats calls after one warm-up call.
+def time_calls(fn, repeats, max_seconds, sync):
+    """Median seconds of fn() over repeats calls after one warm-up call, each
+    between two sync() (the GPU's queue drained).
 
     A warm-up call slower than a tenth of max_seconds stands as the only sample.
     """
-    start = time.perf_counter()
-    fn()
-    first = time.perf_counter() - start
-    if first > max_seconds / 10:
-        return first, 1
-    samples = []
-    for _ in range(repeats):
+    def one_call():
+        sync()
         start = time.perf_counter()
         fn()
-        samples.append(time.perf_counter() - start)
+        sync()
+        return time.perf_counter() - start
+
+    first = one_call()
+    if first > max_seconds / 10:
+        return first, 1
+    samples = [one_call() for _ in range(repeats)]
     return statistics.median(samples), repeats
 
 
 def measure_cell(args, mask, height, width, num, notes, estimates):
     """Times of one table row, in seconds (None where skipped)."""
     positions = height * width
+    moved = moved_elements(num, mask, height, width)
     budget = args.budget_gib * GIB
-    free = available_bytes()
+    free = available_bytes(args.device)
     if free is not None:
         budget = min(budget, 0.8 * free)
     label = f'{mask}x{mask} on {height}x{width}, N={num}'
     times = {}
 
     def run(key, impl, direction, fn):
-        need = peak_bytes(impl, direction, num, mask, positions)
+        need = peak_bytes(impl, direction, num, mask, positions, moved)
         if need > budget:
             notes.append(f'{label}, {key}: skipped, needs about {need / GIB:.1f} GiB, '
                          f'budget {budget / GIB:.1f} GiB.')
@@ -123,15 +147,21 @@ def measure_cell(args, mask, height, width, num, notes, estimates):
                          f'may take up to {guess * num:.0f} s > {args.max_seconds:.0f} s.')
             times[key] = None
             return
-        seconds, repeats = time_calls(fn, args.repeats, args.max_seconds)
+        seconds, repeats = time_calls(fn, args.repeats, args.max_seconds, sync)
         if repeats == 1:
             notes.append(f'{label}, {key}: one call of {seconds:.1f} s, not repeated.')
         if num == 1:
             estimates[(mask, key)] = seconds
         times[key] = seconds
 
-    shape = [num, positions, height, width]
-    run('limit', 'limit', 'forward', lambda: paddle.full(shape, 0.0, 'float32'))
+    sync = paddle.device.synchronize if args.device == 'gpu' else (lambda: None)
+    if args.device == 'gpu':
+        source = paddle.zeros([max(1, moved // 2)], 'float32')
+        run('limit', 'copy', 'forward', lambda: source.clone())
+        del source
+    else:
+        shape = [num, positions, height, width]
+        run('limit', 'limit', 'forward', lambda: paddle.full(shape, 0.0, 'float32'))
     x = paddle.randn([num, mask * mask, height, width], 'float32')
     x.stop_gradient = False
     for impl in ('custom', 'paddle'):
@@ -167,15 +197,31 @@ def fmt_bytes(count):
     return f'{count / GIB:.2f} GiB' if count >= GIB else f'{count / (1 << 20):.0f} MiB'
 
 
+def gpu_name():
+    """The GPU Paddle runs on, or None (a CPU Paddle, no device)."""
+    if not paddle.is_compiled_with_cuda() or paddle.device.cuda.device_count() < 1:
+        return None
+    return paddle.device.cuda.get_device_name()
+
+
 def main():
     args = parse_args()
+    if args.device == 'gpu' and gpu_name() is None:
+        build = 'sees none' if paddle.is_compiled_with_cuda() else 'is a CPU build'
+        sys.exit(f'bench_psa_mask.py: --device gpu needs paddlepaddle-gpu and a CUDA device; '
+                 f'this Paddle {build} (the kernels alone, without Paddle: python '
+                 'tests/gpu/run_gpu_checks.py).')
     library = load_library()
-    paddle.set_device('cpu')
-    paddle.base.core.set_num_threads(args.threads)
-    print(f'psa_mask on CPU, {args.psa_type}, float32: paddle {paddle.__version__}, '
-          f'{os.cpu_count()} CPUs, op threads {psa_mask_cpu_threads()}, median of '
-          f'{args.repeats} calls after one warm-up (ms); op library {library}\n')
-    header = ['mask', 'map', 'N', 'output', 'write limit', 'custom fwd', 'fwd / limit',
+    paddle.set_device(args.device)
+    if args.device == 'gpu':
+        where, limit = gpu_name(), 'copy limit'
+    else:
+        paddle.base.core.set_num_threads(args.threads)
+        where = f'CPU, {os.cpu_count()} CPUs, op threads {psa_mask_cpu_threads()}'
+        limit = 'write limit'
+    print(f'psa_mask on {where}, {args.psa_type}, float32: paddle {paddle.__version__}, median '
+          f'of {args.repeats} calls after one warm-up (ms); op library {library}\n')
+    header = ['mask', 'map', 'N', 'output', limit, 'custom fwd', 'fwd / limit',
               'paddle fwd', 'paddle / custom fwd', 'custom bwd', 'paddle bwd',
               'paddle / custom bwd']
     print('| ' + ' | '.join(header) + ' |')
@@ -191,7 +237,11 @@ def main():
                    fmt_ratio(t['paddle fwd'], t['custom fwd']), fmt_ms(t['custom bwd']),
                    fmt_ms(t['paddle bwd']), fmt_ratio(t['paddle bwd'], t['custom bwd'])]
             print('| ' + ' | '.join(row) + ' |', flush=True)
-    print('\nwrite limit: paddle.full of the output, fresh memory each call as for the op.')
+    if args.device == 'gpu':
+        print('\ncopy limit: a device copy of half the elements the op moves (the window '
+              'entries read plus the output written), fresh memory each call as for the op.')
+    else:
+        print('\nwrite limit: paddle.full of the output, fresh memory each call as for the op.')
     print('bwd: paddle.grad of the output w.r.t. x (includes its copy of grad_outputs).')
     for note in notes:
         print('- ' + note)

@@ -56,6 +56,18 @@ def test_capi_rejects_bad_arguments_before_touching_cuda(capi_library, psa_type,
         harness.Library(capi_library).run(0, x, psa_type, *mask, 0xFF)
 
 
+def test_capi_binds_the_kernels_and_grid_arguments(capi_library):
+    """The C ABI's kernel selector and grid cap reach its checks where ctypes puts them."""
+    library = harness.Library(capi_library)
+    x = np.zeros((1, 9, 2, 2), np.float32)
+    with pytest.raises(harness.CapiError, match='kernels must be 0 .* got 3'):
+        library.run(0, x, 0, 3, 3, 0xFF, kernels=3)
+    with pytest.raises(harness.CapiError, match=r'max_grid_x must be .* got 0'):
+        library.run(0, x, 0, 3, 3, 0xFF, max_grid_x=0)
+    with pytest.raises(harness.CapiError, match='kernels must be 0 .* got -1'):
+        library.time(1, 'float32', Shape(1, 3, 3, 2, 2), 0, 0, 1, kernels=-1)
+
+
 def test_harness_exits_2_with_a_reason_without_a_gpu(capi_library, capsys):
     try:
         harness.Library(capi_library).device_info()
@@ -106,9 +118,10 @@ def test_compare_exact_sees_every_kind_of_difference():
     assert result.mismatches == 1 and np.isnan(result.max_abs_error)
 
 
-def fake_kernel(direction, array, psa_type, mask_h, mask_w, fill_byte, half=None, zero=True):
-    """The kernels in numpy, one gather per output element as in CUDA, with
-    switchable bugs: another window centre, no zero outside the window."""
+def fake_kernel(direction, array, psa_type, mask_h, mask_w, fill_byte, half=None, zero=True,
+                kernels=harness.OP_KERNELS, max_grid_x=harness.MAX_GRID_X):
+    """The kernels in numpy, one gather per output element, with switchable bugs:
+    another window centre, no zero outside the window."""
     num, _, height, width = array.shape
     positions = height * width
     half_h, half_w = half(mask_h, mask_w) if half else ((mask_h - 1) // 2, (mask_w - 1) // 2)
@@ -133,8 +146,11 @@ def fake_kernel(direction, array, psa_type, mask_h, mask_w, fill_byte, half=None
 
 
 class FakeLibrary:
-    """Stands in for the CUDA library: the numpy kernels above and made-up timings."""
+    """Stands in for the CUDA library: the numpy kernels above and made-up timings
+    (the op's kernels 2 ms forward, 1 ms backward; the landed ones 5 times slower,
+    the per-position ones 3 times); records each run's kernels and grid cap."""
     bugs = {}
+    runs = []
 
     def __init__(self, path):
         pass
@@ -143,11 +159,15 @@ class FakeLibrary:
         return {'name': 'fake GPU', 'capability': (9, 0), 'memory_bytes': 2**30,
                 'runtime': 13000, 'driver': 13000}
 
-    def run(self, *args):
-        return fake_kernel(*args, **self.bugs)
+    def run(self, *args, **kwargs):
+        self.runs.append((kwargs.get('kernels', harness.OP_KERNELS),
+                          kwargs.get('max_grid_x', harness.MAX_GRID_X)))
+        return fake_kernel(*args, **kwargs, **self.bugs)
 
-    def time(self, direction, dtype, shape, psa_type, warmup, repeats):
-        return 2.0 if direction == 0 else 1.0
+    def time(self, direction, dtype, shape, psa_type, warmup, repeats,
+             kernels=harness.OP_KERNELS):
+        return (2.0 if direction == 0 else 1.0) * {harness.OP_KERNELS: 1, harness.LANDED: 5,
+                                                    harness.PER_POSITION: 3}[kernels]
 
     def time_copy(self, nbytes, warmup, repeats):
         return 1.0
@@ -171,8 +191,8 @@ def test_check_case_fails_a_wrong_kernel(monkeypatch, bugs, shape):
 
 def test_check_case_fails_swapped_collect_and_distribute():
     class Swapped(FakeLibrary):
-        def run(self, direction, array, psa_type, *args):
-            return fake_kernel(direction, array, 1 - psa_type, *args)
+        def run(self, direction, array, psa_type, *args, **kwargs):
+            return fake_kernel(direction, array, 1 - psa_type, *args, **kwargs)
 
     results = harness.check_case(Swapped(None), Shape(1, 3, 3, 4, 5), 'float64', 0, 0x5A, 1)
     assert not any(r.exact for r in results)
@@ -181,10 +201,12 @@ def test_check_case_fails_swapped_collect_and_distribute():
 def _run_main_on_fake(monkeypatch, tmp_path, bugs, *args):
     monkeypatch.setattr(harness, 'Library', FakeLibrary)
     monkeypatch.setattr(FakeLibrary, 'bugs', bugs)
+    monkeypatch.setattr(FakeLibrary, 'runs', [])
     monkeypatch.setattr(harness, 'CPU_TEST_SHAPES', SMALL_SHAPES[:3])
     monkeypatch.setattr(harness, 'SANITIZE_SHAPES', SMALL_SHAPES[:2])
     monkeypatch.setattr(harness, 'CITYSCAPES_SHAPES', [Shape(1, 5, 5, 4, 6),
                                                        Shape(2, 5, 5, 4, 6)])
+    monkeypatch.setattr(harness, 'GOAL_SHAPE', Shape(2, 5, 5, 4, 6))
     out = tmp_path / 'results.md'
     code = harness.main(['--library', 'fake.so', '--random-shapes', '3', '--out', str(out),
                          *args])
@@ -195,13 +217,26 @@ def test_main_reports_a_passing_run(monkeypatch, tmp_path):
     code, report = _run_main_on_fake(monkeypatch, tmp_path, {})
     assert code == 0, report
     assert '**PASSED**' in report and '## Failures' not in report
-    rows = [line for line in report.splitlines() if line.startswith('| N=2 mask 5x5')]
+    checks, timing = report.split('## Timing')
+    rows = [line for line in checks.splitlines() if line.startswith('| N=2 mask 5x5')]
     assert len(rows) == 6  # 3 dtypes x collect/distribute
-    # float32 forward: 2 ms for (the values moved + all of Y) * 4 bytes.
+    # float32 forward: 2 ms for (the values moved + all of Y) * 4 bytes; 1 ms for a copy
+    # of half of them; the landed kernels take 10 ms.
     moved = int(psa_mask_reference.reference_forward(np.ones((2, 25, 4, 6)), 0, 5, 5).sum())
-    cells = rows[0].split('|')
-    assert cells[6].strip() == '2.000'
-    assert cells[8].strip() == f'{(moved + 2 * 24 * 24) * 4 / 2e-3 / 1e9:.0f}'
+    cells = [cell.strip() for cell in rows[0].split('|')]
+    assert cells[6] == '2.000' and cells[8] == f'{(moved + 2 * 24 * 24) * 4 / 2e-3 / 1e9:.0f}'
+    assert (cells[9], cells[10]) == ('50%', '5.00')
+    rows = [line for line in timing.splitlines() if line.startswith('| N=2 mask 5x5')]
+    assert len(rows) == 12  # and both directions
+    assert [cell.strip() for cell in rows[1].split('|')][4:12] == [
+        'backward', '1.000', '1.000', '5.000', '3.000', '100%', '5.00', '3.00']
+    goal = [line for line in timing.splitlines() if line.startswith('- ')]
+    assert goal[:2] == ['- collect forward: 50% of the copy, 5.00x the landed kernels: NOT met',
+                        '- collect backward: 100% of the copy, 5.00x the landed kernels: met']
+    assert len(goal) == 4
+    # The baselines are checked before they are timed, and the op's kernels on a small grid.
+    assert {(harness.LANDED, harness.MAX_GRID_X), (harness.PER_POSITION, harness.MAX_GRID_X),
+            (harness.OP_KERNELS, harness.SMALL_GRID_X)} < set(FakeLibrary.runs)
 
 
 def test_main_reports_a_failing_run(monkeypatch, tmp_path):

@@ -1,8 +1,10 @@
 // C ABI over the launchers of ops/psa_mask_kernel.h, so that run_gpu_checks.py can
-// check and time the op's very kernels through ctypes on a machine without Paddle.
+// check and time the op's very kernels through ctypes on a machine without Paddle,
+// and the two baselines of psa_mask_baselines.cuh beside them.
 //
 // dtype: 0 float32, 1 float64, 2 float16 (__half); direction: 0 forward
-// (x -> Y), 1 backward (grad_Y -> grad_x); psa_type: 0 collect, 1 distribute.
+// (x -> Y), 1 backward (grad_Y -> grad_x); psa_type: 0 collect, 1 distribute;
+// kernels: 0 the op's, 1 landed, 2 per position (psa_mask_baselines.cuh).
 // Every function returns 0, 1 (bad argument) or 2 (CUDA error); then
 // psa_capi_last_error() says which call failed and why (per thread).
 #include <cuda_fp16.h>
@@ -13,6 +15,7 @@
 #include <cstdio>
 
 #include "../../ops/psa_mask_kernel.h"
+#include "psa_mask_baselines.cuh"
 
 namespace {
 
@@ -68,7 +71,8 @@ int allocate(DeviceBuffer* buffer, int64_t bytes, int fill_byte, const void* hos
 
 // One launch's arguments, checked.
 struct Call {
-  int dtype, direction, psa_type;
+  int dtype, direction, psa_type, kernels;
+  int64_t max_grid_x;  // of the op's kernels
   psa_mask::Geometry g;
   int64_t input_bytes() const {
     return (direction == 0 ? g.x_numel() : g.y_numel()) * dtype_size(dtype);
@@ -78,8 +82,17 @@ struct Call {
   }
 };
 
-int make_call(Call* call, int dtype, int direction, int psa_type, int64_t num,
-              int64_t feature_h, int64_t feature_w, int64_t mask_h, int64_t mask_w) {
+int make_call(Call* call, int kernels, int64_t max_grid_x, int dtype, int direction,
+              int psa_type, int64_t num, int64_t feature_h, int64_t feature_w, int64_t mask_h,
+              int64_t mask_w) {
+  if (kernels < 0 || kernels > 2) {
+    return fail(kInvalidArgument,
+                "kernels must be 0 (the op's), 1 (landed) or 2 (per position), got %d", kernels);
+  }
+  if (max_grid_x < 1 || max_grid_x > psa_mask::kMaxGridX) {
+    return fail(kInvalidArgument, "max_grid_x must be in [1, 2^31 - 1], got %lld",
+                static_cast<long long>(max_grid_x));
+  }
   if (dtype_size(dtype) == 0) {
     return fail(kInvalidArgument,
                 "dtype must be 0 (float32), 1 (float64) or 2 (float16), got %d", dtype);
@@ -104,7 +117,7 @@ int make_call(Call* call, int dtype, int direction, int psa_type, int64_t num,
   if (8.0 * num * positions * (positions + static_cast<double>(mask_h) * mask_w) > 9.0e18) {
     return fail(kInvalidArgument, "shape too large for 64-bit indexing");
   }
-  *call = Call{dtype, direction, psa_type,
+  *call = Call{dtype, direction, psa_type, kernels, max_grid_x,
                psa_mask::make_geometry(num, feature_h, feature_w, mask_h, mask_w)};
   // A non-sticky error an earlier call left behind is not ours to report.
   cudaGetLastError();
@@ -115,9 +128,17 @@ template <typename T>
 cudaError_t launch_typed(const Call& c, const void* input, void* output) {
   const T* in = static_cast<const T*>(input);
   T* out = static_cast<T*>(output);
-  return c.direction == 0
-             ? psa_mask::launch_psa_mask_forward<T>(in, out, c.g, c.psa_type, nullptr)
-             : psa_mask::launch_psa_mask_backward<T>(in, out, c.g, c.psa_type, nullptr);
+  if (c.kernels != 0) {
+    return psa_mask_baselines::launch<T>(c.kernels, c.direction, in, out, c.g, c.psa_type,
+                                         nullptr);
+  }
+  if (c.max_grid_x == psa_mask::kMaxGridX) {  // the op's own entry points
+    return c.direction == 0
+               ? psa_mask::launch_psa_mask_forward<T>(in, out, c.g, c.psa_type, nullptr)
+               : psa_mask::launch_psa_mask_backward<T>(in, out, c.g, c.psa_type, nullptr);
+  }
+  return psa_mask::launch_psa_mask<T>(c.direction, in, out, c.g, c.psa_type, nullptr,
+                                      c.max_grid_x);
 }
 
 int launch(const Call& c, const void* input, void* output) {
@@ -160,7 +181,7 @@ int time_calls(int warmup, int repeats, double* ms_per_call, const Run& run) {
 extern "C" {
 
 // Bumped when a signature changes; run_gpu_checks.py refuses a mismatch.
-int psa_capi_abi_version(void) { return 2; }
+int psa_capi_abi_version(void) { return 3; }
 
 const char* psa_capi_last_error(void) { return last_error; }
 
@@ -189,12 +210,14 @@ int psa_capi_device_info(char* name, int name_length, int* major, int* minor,
 // backward grad_y -> grad_x. Allocates, copies the input in, fills the output's
 // device buffer with fill_byte (0xFF is NaN in every dtype), launches, synchronizes
 // (so a fault of the kernel itself is seen), copies the output back and frees.
-int psa_capi_run(int dtype, int direction, int psa_type, int64_t num, int64_t feature_h,
-                 int64_t feature_w, int64_t mask_h, int64_t mask_w, const void* input,
-                 void* output, int fill_byte) {
+// max_grid_x: the widest first grid dimension the op's kernels may use (2^31 - 1:
+// as the op launches them; less runs the grid's second dimension).
+int psa_capi_run(int kernels, int64_t max_grid_x, int dtype, int direction, int psa_type,
+                 int64_t num, int64_t feature_h, int64_t feature_w, int64_t mask_h,
+                 int64_t mask_w, const void* input, void* output, int fill_byte) {
   Call c{};
-  PSA_RETURN_IF_ERROR(make_call(&c, dtype, direction, psa_type, num, feature_h, feature_w,
-                                mask_h, mask_w));
+  PSA_RETURN_IF_ERROR(make_call(&c, kernels, max_grid_x, dtype, direction, psa_type, num,
+                                feature_h, feature_w, mask_h, mask_w));
   DeviceBuffer device_input, device_output;
   PSA_RETURN_IF_ERROR(allocate(&device_input, c.input_bytes(), -1, input));
   PSA_RETURN_IF_ERROR(allocate(&device_output, c.output_bytes(), fill_byte));
@@ -207,13 +230,13 @@ int psa_capi_run(int dtype, int direction, int psa_type, int64_t num, int64_t fe
   return 0;
 }
 
-// Milliseconds per launch on buffers of its own (input zeroed).
-int psa_capi_time(int dtype, int direction, int psa_type, int64_t num, int64_t feature_h,
-                  int64_t feature_w, int64_t mask_h, int64_t mask_w, int warmup, int repeats,
-                  double* ms_per_call) {
+// Milliseconds per launch of `kernels` on buffers of its own (input zeroed).
+int psa_capi_time(int kernels, int dtype, int direction, int psa_type, int64_t num,
+                  int64_t feature_h, int64_t feature_w, int64_t mask_h, int64_t mask_w,
+                  int warmup, int repeats, double* ms_per_call) {
   Call c{};
-  PSA_RETURN_IF_ERROR(make_call(&c, dtype, direction, psa_type, num, feature_h, feature_w,
-                                mask_h, mask_w));
+  PSA_RETURN_IF_ERROR(make_call(&c, kernels, psa_mask::kMaxGridX, dtype, direction, psa_type,
+                                num, feature_h, feature_w, mask_h, mask_w));
   DeviceBuffer input, output;
   PSA_RETURN_IF_ERROR(allocate(&input, c.input_bytes(), 0));
   PSA_RETURN_IF_ERROR(allocate(&output, c.output_bytes(), -1));

@@ -1,10 +1,10 @@
 """Standalone GPU check of the PSA mask CUDA kernels, for GPU machines without Paddle.
 
-Builds ``psa_mask_capi.cu`` (a C ABI over the launchers of ``ops/psa_mask_kernel.h``)
-with nvcc, calls it through ctypes, and compares its outputs, pre-filled with NaN or
-garbage, bit for bit with ``tests/psa_mask_reference.py``; times the kernels against
-a device-to-device copy; runs a subset under compute-sanitizer. What it checks, its
-options and its report: tests/gpu/README.md.
+Builds ``psa_mask_capi.cu`` (a C ABI over the launchers of ``ops/psa_mask_kernel.h``
+and two baseline layouts) with nvcc, calls it through ctypes, and compares its outputs,
+pre-filled with NaN or garbage, bit for bit with ``tests/psa_mask_reference.py``; times
+the kernels against a device-to-device copy and the baselines; runs a subset under
+compute-sanitizer. What it checks, its options and its report: tests/gpu/README.md.
 
     python tests/gpu/run_gpu_checks.py [--quick] [--sanitize] [--out results.md]
 
@@ -35,10 +35,16 @@ from psa_mask_reference import (  # noqa: E402
     OP_TEST_SHAPES, reference_backward, reference_forward, window_cells)
 
 CAPI_SOURCE = os.path.join(HERE, 'psa_mask_capi.cu')
+BASELINES_SOURCE = os.path.join(HERE, 'psa_mask_baselines.cuh')
 KERNEL_HEADER = os.path.normpath(os.path.join(HERE, '..', '..', 'ops', 'psa_mask_kernel.h'))
 DEFAULT_BUILD_DIR = os.path.join(HERE, 'build')
-ABI_VERSION = 2
+ABI_VERSION = 3
 DTYPES = {'float32': 0, 'float64': 1, 'float16': 2}  # the C ABI's dtype codes
+# The C ABI's kernel codes: the op's tiled kernels, then the baselines they are timed against.
+OP_KERNELS, LANDED, PER_POSITION = 0, 1, 2
+BASELINES = {LANDED: 'landed', PER_POSITION: 'per position'}
+MAX_GRID_X = 2**31 - 1  # the op's launch; a lower cap runs the grid's second dimension
+SMALL_GRID_X = 3
 TYPE_NAMES = ('collect', 'distribute')
 DIRECTIONS = ('forward', 'backward')  # the C ABI's direction codes 0 and 1
 EXIT_FAILED, EXIT_UNAVAILABLE = 1, 2
@@ -55,14 +61,18 @@ class Shape(namedtuple('Shape', 'num mask_h mask_w feature_h feature_w')):
 # bigger batch and a PSANet-like 13x13.
 CPU_TEST_SHAPES = [Shape(n, mh, mw, h, w) for (n, h, w), (mh, mw) in OP_TEST_SHAPES] + [
     Shape(0, 3, 3, 4, 4), Shape(3, 5, 5, 6, 6), Shape(2, 13, 13, 8, 16)]
-# Small enough for compute-sanitizer; the last one is past the 4096x256 threads
-# of one grid, so the grid-stride loop runs more than once.
+# Small enough for compute-sanitizer; the last three take several tiles across the
+# map (W > 32 source columns, W > 128 target columns) or the mask (> 128 window columns).
 SANITIZE_SHAPES = [Shape(2, 3, 3, 5, 6), Shape(2, 4, 4, 5, 6), Shape(1, 3, 4, 4, 5),
-                   Shape(1, 9, 9, 3, 4), Shape(2, 3, 3, 7, 1), Shape(1, 9, 9, 32, 40)]
+                   Shape(1, 9, 9, 3, 4), Shape(2, 3, 3, 7, 1), Shape(1, 9, 9, 32, 40),
+                   Shape(1, 3, 5, 2, 130), Shape(1, 1, 131, 1, 40)]
 # Mask 59x59 on a 32x64 map and 97x97 on 64x128, batch 1 and 8: the largest Y
 # is 8 * 8192^2 elements (2 GiB in float32).
 CITYSCAPES_SHAPES = [Shape(1, 59, 59, 32, 64), Shape(8, 59, 59, 32, 64),
                      Shape(1, 97, 97, 64, 128), Shape(8, 97, 97, 64, 128)]
+# The goal of the op's kernels at the training shape (float32), printed, not enforced:
+# a share of a copy of the same bytes, and a speed-up over the landed kernels.
+GOAL_SHAPE, GOAL_COPY_SHARE, GOAL_SPEEDUP = Shape(8, 97, 97, 64, 128), 0.60, 4.0
 RANDOM_SEED = 2018
 FILL_BYTES = (0xFF, 0x5A)  # output pre-fills: 0xFF is NaN in every dtype, 0x5A finite garbage
 # Past this many elements, inputs repeat a random block of this prime length:
@@ -137,7 +147,7 @@ def build_library(nvcc, arch='native', build_dir=DEFAULT_BUILD_DIR, log=print):
     flags = ['-O3', '-std=c++17', '-lineinfo', *arch_flags(arch), '-Xcompiler', '-fPIC,-Wall',
              '-shared']
     digest = hashlib.sha256(' '.join([os.path.realpath(nvcc)] + flags).encode())
-    for path in (CAPI_SOURCE, KERNEL_HEADER):
+    for path in (CAPI_SOURCE, BASELINES_SOURCE, KERNEL_HEADER):
         if not os.path.isfile(path):
             raise HarnessUnavailable(f'{path} not found: copy ops/ and tests/ keeping their '
                                      'relative places.')
@@ -169,8 +179,9 @@ _SIGNATURES = {
     'psa_capi_dtype_size': (_INT, [_INT]),
     'psa_capi_device_info': (_INT, [ctypes.c_char_p, _INT, _OUT_INT, _OUT_INT,
                                     ctypes.POINTER(ctypes.c_longlong), _OUT_INT, _OUT_INT]),
-    'psa_capi_run': (_INT, _CASE + [ctypes.c_void_p, ctypes.c_void_p, _INT]),
-    'psa_capi_time': (_INT, _CASE + [_INT, _INT, _OUT_MS]),
+    # kernels, max_grid_x, the case, input, output, fill byte
+    'psa_capi_run': (_INT, [_INT, _I64] + _CASE + [ctypes.c_void_p, ctypes.c_void_p, _INT]),
+    'psa_capi_time': (_INT, [_INT] + _CASE + [_INT, _INT, _OUT_MS]),  # kernels, the case, ...
     'psa_capi_time_copy': (_INT, [_I64, _INT, _INT, _OUT_MS]),
 }
 
@@ -201,21 +212,22 @@ class Library:
         return {'name': name.value.decode(), 'capability': (major.value, minor.value),
                 'memory_bytes': memory.value, 'runtime': runtime.value, 'driver': driver.value}
 
-    def run(self, direction, array, psa_type, mask_h, mask_w, fill_byte):
+    def run(self, direction, array, psa_type, mask_h, mask_w, fill_byte, kernels=OP_KERNELS,
+            max_grid_x=MAX_GRID_X):
         """Forward (direction 0: x -> Y) or backward (1: grad_Y -> grad_x) on the GPU, the
         output's device buffer first filled with ``fill_byte``: the output, as numpy."""
         array = np.ascontiguousarray(array)
         num, _, feature_h, feature_w = array.shape
         channels = feature_h * feature_w if direction == 0 else mask_h * mask_w
         out = np.empty((num, channels, feature_h, feature_w), array.dtype)
-        self._call('psa_capi_run', DTYPES[array.dtype.name], direction, psa_type, num,
-                   feature_h, feature_w, mask_h, mask_w, array.ctypes.data, out.ctypes.data,
-                   fill_byte)
+        self._call('psa_capi_run', kernels, max_grid_x, DTYPES[array.dtype.name], direction,
+                   psa_type, num, feature_h, feature_w, mask_h, mask_w, array.ctypes.data,
+                   out.ctypes.data, fill_byte)
         return out
 
-    def time(self, direction, dtype, shape, psa_type, warmup, repeats):
+    def time(self, direction, dtype, shape, psa_type, warmup, repeats, kernels=OP_KERNELS):
         ms = ctypes.c_double()
-        self._call('psa_capi_time', DTYPES[dtype], direction, psa_type, shape.num,
+        self._call('psa_capi_time', kernels, DTYPES[dtype], direction, psa_type, shape.num,
                    shape.feature_h, shape.feature_w, shape.mask_h, shape.mask_w, warmup,
                    repeats, ctypes.byref(ms))
         return ms.value
@@ -271,7 +283,8 @@ def compare_exact(got, expected, written):
                     float(error.max()))
 
 
-def check_case(library, shape, dtype, psa_type, fill_byte, seed):
+def check_case(library, shape, dtype, psa_type, fill_byte, seed, kernels=OP_KERNELS,
+               max_grid_x=MAX_GRID_X):
     """Forward and backward of one case against the reference, each sample on a
     thread of its own: two Mismatch."""
     mask = (psa_type, shape.mask_h, shape.mask_w)
@@ -282,7 +295,8 @@ def check_case(library, shape, dtype, psa_type, fill_byte, seed):
     for direction, (channels, reference, written) in enumerate(steps):
         source = random_array((shape.num, channels, shape.feature_h, shape.feature_w), dtype,
                               seed + direction)
-        got = library.run(direction, source, *mask, fill_byte)
+        got = library.run(direction, source, *mask, fill_byte, kernels=kernels,
+                          max_grid_x=max_grid_x)
 
         def sample(n):
             return compare_exact(got[n:n + 1], reference(source[n:n + 1], *mask), written)
@@ -301,7 +315,7 @@ class Group:
     dtype: str
     psa_type: int
     cases: list = dataclasses.field(default_factory=list)
-    timing: dict = None  # direction -> (ms, GB/s, fraction of the copy's GB/s)
+    timing: dict = None  # direction -> Timing
 
     @property
     def failures(self):
@@ -323,7 +337,7 @@ class Group:
                 f'0x{fill:02X}): forward {forward.describe()}; backward {backward.describe()}')
 
 
-def run_group(library, label, cases, log):
+def run_group(library, label, cases, log, kernels=OP_KERNELS, max_grid_x=MAX_GRID_X):
     """Checks ``cases`` (shape, fill byte) for every dtype and psa_type: a Group each."""
     groups, start = [], time.time()
     for dtype in DTYPES:
@@ -331,7 +345,8 @@ def run_group(library, label, cases, log):
             group = Group(label, dtype, psa_type)
             for index, (shape, fill) in enumerate(cases):
                 seed = RANDOM_SEED + 1000 * index + 10 * psa_type
-                case = (shape, fill, *check_case(library, shape, dtype, psa_type, fill, seed))
+                case = (shape, fill, *check_case(library, shape, dtype, psa_type, fill, seed,
+                                                 kernels, max_grid_x))
                 group.cases.append(case)
                 if not (case[2].exact and case[3].exact) and len(group.failures) <= 10:
                     log('  FAIL ' + group.describe_failure(case))
@@ -341,10 +356,16 @@ def run_group(library, label, cases, log):
     return groups
 
 
+# ms: of the op's kernels; rate: GB/s of the bytes a call must move; copy_share: that
+# rate over a copy's; copy_ms: the copy of as many bytes; baseline_ms: {kernels: ms}.
+Timing = namedtuple('Timing', 'ms rate copy_share copy_ms baseline_ms')
+
+
 def time_group(library, group, shape, warmup, repeats, copy_ms):
-    """Milliseconds per call; GB/s of the bytes a call must read and write (the
-    window entries of its input, all of its output); and that rate over the rate
-    of a device-to-device copy moving as many bytes (cached in ``copy_ms``)."""
+    """Milliseconds per call of the op's kernels and of the baselines; GB/s of the
+    bytes a call must read and write (the window entries of its input, all of its
+    output); and that rate over the rate of a device-to-device copy moving as many
+    bytes (cached in ``copy_ms``)."""
     itemsize = np.dtype(group.dtype).itemsize
     x_index, _ = window_cells(0, shape.mask_h, shape.mask_w, shape.feature_h, shape.feature_w)
     read = shape.num * len(x_index)
@@ -354,12 +375,16 @@ def time_group(library, group, shape, warmup, repeats, copy_ms):
     group.timing = {}
     for direction, name in enumerate(DIRECTIONS):
         moved = (read + written[direction]) * itemsize
-        ms = library.time(direction, group.dtype, shape, group.psa_type, warmup, repeats)
+        ms, *baseline_ms = [library.time(direction, group.dtype, shape, group.psa_type, warmup,
+                                         repeats, kernels)
+                            for kernels in (OP_KERNELS, *BASELINES)]
         copied = max(1, moved // 2)  # a copy of b bytes reads b and writes b
         if copied not in copy_ms:
             copy_ms[copied] = library.time_copy(copied, warmup, repeats)
         rate = moved / max(ms, 1e-9) / 1e6
-        group.timing[name] = (ms, rate, rate / (2 * copied / max(copy_ms[copied], 1e-9) / 1e6))
+        group.timing[name] = Timing(
+            ms, rate, rate / (2 * copied / max(copy_ms[copied], 1e-9) / 1e6), copy_ms[copied],
+            dict(zip(BASELINES, baseline_ms)))
 
 
 # ---------------------------------------------------------------- compute-sanitizer
@@ -403,10 +428,14 @@ def run_sanitizer(sanitizer, library_path, log, timeout=300):
 
 
 def sanitize_child(library_path, log):
-    """The subset run under compute-sanitizer; exit status 0 if every case is exact."""
+    """The subset run under compute-sanitizer, the second time on a grid of at most
+    SMALL_GRID_X blocks across; exit status 0 if every case is exact."""
+    cases = [(shape, 0xFF) for shape in SANITIZE_SHAPES]
     try:
-        groups = run_group(Library(library_path), 'sanitize subset',
-                           [(shape, 0xFF) for shape in SANITIZE_SHAPES], log)
+        library = Library(library_path)
+        groups = run_group(library, 'sanitize subset', cases, log)
+        groups += run_group(library, 'sanitize subset, small grid', cases, log,
+                            max_grid_x=SMALL_GRID_X)
     except CapiError as error:
         log(f'sanitize subset stopped: {error}')
         return EXIT_FAILED
@@ -434,20 +463,62 @@ def format_header(device, library_path, nvcc, arch, warmup, repeats):
         'outside the window being +0.0',
         f'- timing: CUDA events, {warmup} warm-up + {repeats} timed calls; GB/s counts bytes '
         'read + written (the window entries of the input, all of the output); "/ copy" is '
-        'that rate over a device-to-device cudaMemcpy moving the same bytes, timed in this run']
+        'that rate over a device-to-device cudaMemcpy moving the same bytes, timed in this run; '
+        '"x landed": how many times faster than the landed kernels (one thread per output '
+        'element, tests/gpu/psa_mask_baselines.cuh), timed in this run']
+
+
+def speedup(timing):
+    return timing.baseline_ms[LANDED] / max(timing.ms, 1e-9)
+
+
+def format_timing(groups):
+    """The table of every timing, the baselines' beside the op's kernels, and a line
+    per direction on the goal at GOAL_SHAPE in float32."""
+    timed = [g for g in groups if g.timing is not None]
+    if not timed:
+        return []
+    lines = ['', '## Timing against a copy and the baselines', '',
+             '| shapes | dtype | type | direction | op ms | copy ms | '
+             + ' | '.join(f'{name} ms' for name in BASELINES.values()) + ' | op / copy | '
+             + ' | '.join(f'x {name}' for name in BASELINES.values()) + ' |',
+             '|' + '---|' * (7 + 2 * len(BASELINES))]
+    for g in timed:
+        for direction in DIRECTIONS:
+            t = g.timing[direction]
+            lines.append('| ' + ' | '.join(
+                [g.label, g.dtype, TYPE_NAMES[g.psa_type], direction, f'{t.ms:.3f}',
+                 f'{t.copy_ms:.3f}'] + [f'{t.baseline_ms[k]:.3f}' for k in BASELINES]
+                + [f'{100 * t.copy_share:.0f}%']
+                + [f'{t.baseline_ms[k] / max(t.ms, 1e-9):.2f}' for k in BASELINES]) + ' |')
+    goal = [g for g in timed if g.label == str(GOAL_SHAPE) and g.dtype == 'float32']
+    if goal:
+        lines += ['', f'Goal at {GOAL_SHAPE}, float32: >= {100 * GOAL_COPY_SHARE:.0f}% of the '
+                  f'copy and >= {GOAL_SPEEDUP:g}x the landed kernels, both directions:', '']
+        for g in goal:
+            for direction in DIRECTIONS:
+                t = g.timing[direction]
+                met = t.copy_share >= GOAL_COPY_SHARE and speedup(t) >= GOAL_SPEEDUP
+                lines.append(f'- {TYPE_NAMES[g.psa_type]} {direction}: '
+                             f'{100 * t.copy_share:.0f}% of the copy, {speedup(t):.2f}x the '
+                             f'landed kernels: {"met" if met else "NOT met"}')
+    return lines
 
 
 def format_report(header, groups, copy_ms, problems, sanitizer_rows):
     table = ['| shapes | dtype | type | forward | backward | fwd ms | bwd ms | fwd GB/s | '
-             'fwd / copy | bwd GB/s | bwd / copy |', '|' + '---|' * 11]
+             'fwd / copy | fwd x landed | bwd GB/s | bwd / copy | bwd x landed |',
+             '|' + '---|' * 13]
     for g in groups:
-        timing = ['-'] * 6 if g.timing is None else [
-            f'{g.timing[d][0]:.3f}' for d in DIRECTIONS] + [
+        timing = ['-'] * 8 if g.timing is None else [
+            f'{g.timing[d].ms:.3f}' for d in DIRECTIONS] + [
             cell for d in DIRECTIONS
-            for cell in (f'{g.timing[d][1]:.0f}', f'{100 * g.timing[d][2]:.0f}%')]
+            for cell in (f'{g.timing[d].rate:.0f}', f'{100 * g.timing[d].copy_share:.0f}%',
+                         f'{speedup(g.timing[d]):.2f}')]
         table.append('| ' + ' | '.join([g.label, g.dtype, TYPE_NAMES[g.psa_type], g.cell(0),
                                         g.cell(1)] + timing) + ' |')
     report = ['# PSA mask CUDA kernels: standalone check', '', *header, '', *table]
+    report += format_timing(groups)
     if copy_ms:
         size = max(copy_ms)
         report += ['', f'Largest reference copy: {size / 1e9:.2f} GB device to device in '
@@ -460,7 +531,8 @@ def format_report(header, groups, copy_ms, problems, sanitizer_rows):
         report += ['', '## Failures', ''] + [f'- {line}' for line in failures + problems]
     if sanitizer_rows:
         report += ['', '## compute-sanitizer', '',
-                   f'Subset: {len(SANITIZE_SHAPES)} shapes x {len(DTYPES)} dtypes x 2 types; '
+                   f'Subset: {len(SANITIZE_SHAPES)} shapes x {len(DTYPES)} dtypes x 2 types, '
+                   f'on the full grid and on one of {SMALL_GRID_X} blocks across; '
                    '"unavailable" (the tool reported nothing) does not fail the run.', '',
                    '| tool | result | summary |', '|---|---|---|']
         report += [f'| {tool} | {verdict} | {summary} |'
@@ -519,6 +591,12 @@ def main(argv=None):
     try:
         groups += run_group(library, f'op test shapes ({len(CPU_TEST_SHAPES)} x 2 fills)',
                             [(s, f) for f in FILL_BYTES for s in CPU_TEST_SHAPES], log)
+        groups += run_group(library, f'op test shapes, grid of {SMALL_GRID_X} blocks across',
+                            [(s, FILL_BYTES[0]) for s in CPU_TEST_SHAPES], log,
+                            max_grid_x=SMALL_GRID_X)
+        for kernels, name in BASELINES.items():  # what the op's kernels are timed against
+            groups += run_group(library, f'op test shapes, {name} kernels',
+                                [(s, FILL_BYTES[0]) for s in CPU_TEST_SHAPES], log, kernels)
         groups += run_group(library, f'random ({random_count}, seed {RANDOM_SEED})',
                             [(s, FILL_BYTES[i % 2])
                              for i, s in enumerate(random_shapes(random_count))], log)
