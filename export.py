@@ -8,7 +8,6 @@
 import argparse
 
 from psanet.cli import exit_with, run_cli
-from psanet.export import export_from_config
 
 
 def parse_args(argv=None):
@@ -46,5 +45,12 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
+def main(argv=None):
+    options = vars(parse_args(argv))
+    # Imported after the flags are parsed: --help and flag errors come before Paddle loads.
+    from psanet.export import export_from_config
+    return run_cli(export_from_config, **options)
+
+
 if __name__ == '__main__':
-    exit_with(run_cli(export_from_config, **vars(parse_args())))
+    exit_with(main())

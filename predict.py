@@ -7,7 +7,6 @@ import argparse
 
 from psanet.cli import add_inference_flags, add_model_flags, exit_with, run_cli  # noqa: E402
 from psanet.core.options import DEFAULT_DEVICE  # noqa: E402
-from psanet.core.predict import predict_from_config  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -26,5 +25,12 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
+def main(argv=None):
+    options = vars(parse_args(argv))
+    # Imported after the flags are parsed: --help and flag errors come before Paddle loads.
+    from psanet.core.predict import predict_from_config
+    return run_cli(predict_from_config, **options)
+
+
 if __name__ == '__main__':
-    exit_with(run_cli(predict_from_config, **vars(parse_args())))
+    exit_with(main())

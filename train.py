@@ -10,7 +10,6 @@ import argparse
 
 from psanet.cli import exit_with, run_cli
 from psanet.core.options import AMP_LEVELS, DEFAULT_DEVICE, DYGRAPH_PRECISIONS
-from psanet.core.train import train_from_config
 
 
 def parse_args(argv=None):
@@ -60,5 +59,12 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
+def main(argv=None):
+    options = vars(parse_args(argv))
+    # Imported after the flags are parsed: --help and flag errors come before Paddle loads.
+    from psanet.core.train import train_from_config
+    return run_cli(train_from_config, **options)
+
+
 if __name__ == '__main__':
-    exit_with(run_cli(train_from_config, **vars(parse_args())))
+    exit_with(main())

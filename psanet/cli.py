@@ -18,7 +18,6 @@ import sys
 from psanet import compat  # noqa: F401
 from psanet import interrupts
 from psanet.errors import Interrupted, UserError
-from psanet.ops.library import OpLibraryError
 from psanet.log import line_cut, setup_logging
 
 __all__ = ['exit_with', 'run_cli', 'add_model_flags', 'add_inference_flags']
@@ -37,6 +36,8 @@ def run_cli(function, *args, **kwargs):
     Returns:
         int: the process exit code.
     """
+    # Here, not at the top: a script parses its flags before anything loads Paddle.
+    from psanet.ops.library import OpLibraryError
     setup_logging()
     with interrupts.stop_at_boundaries():
         try:

@@ -96,7 +96,7 @@ def infer_in_process(capfd, *args):
     spec.loader.exec_module(script)
     capfd.readouterr()
     try:
-        code = script.run_cli(script.infer, **vars(script.parse_args([str(a) for a in args])))
+        code = script.main([str(a) for a in args])
     except SystemExit as error:
         code = error.code
     out, err = capfd.readouterr()

@@ -212,12 +212,16 @@ def test_importing_the_runtime_loads_no_engine_data_or_export_code():
 
 
 def test_the_deploy_command_line_loads_no_engine_data_or_export_code():
-    # The script's imports, as `python deploy/python/infer.py` runs them, without running it.
+    # The script's imports, as `python deploy/python/infer.py` runs them, without running it:
+    # its module, then what its main() imports once the flags are parsed.
     loaded = _loaded_after(
-        'import importlib.util\n'
+        'import importlib.util, re\n'
         "spec = importlib.util.spec_from_file_location('infer_script', "
         "'deploy/python/infer.py')\n"
-        'spec.loader.exec_module(importlib.util.module_from_spec(spec))')
+        'spec.loader.exec_module(importlib.util.module_from_spec(spec))\n'
+        "main = open('deploy/python/infer.py').read().split('def main(')[1]\n"
+        "for line in re.findall(r'^ +(from psanet[.\\w]* import .*)$', main, re.M):\n"
+        '    exec(line.strip())')
     assert 'psanet.deploy.infer_images' in loaded
     _assert_no_training_stack(loaded)
 

@@ -19,7 +19,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from psanet.cli import exit_with, run_cli  # noqa: E402
-from psanet.core.weights import convert_reproduction_file  # noqa: E402
 from psanet.log import get_logger  # noqa: E402
 
 RELEASED_CONFIG = 'configs/psanet/psanet_resnet50_os8_cityscapes_1024x512_80k.yml'
@@ -36,6 +35,8 @@ def parse_args(argv=None):
 
 
 def convert(src, dst, config):
+    # Imported here: --help and flag errors come before Paddle loads.
+    from psanet.core.weights import convert_reproduction_file
     count = convert_reproduction_file(src, dst, config)
     get_logger().info(f'Converted {count} tensors of {src} to {dst} (for {config}).')
 

@@ -19,7 +19,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from psanet.cli import add_model_flags, exit_with, run_cli  # noqa: E402
-from psanet.core.visualize_attention import visualize_attention_from_config  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -38,5 +37,12 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
+def main(argv=None):
+    options = vars(parse_args(argv))
+    # Imported after the flags are parsed: --help and flag errors come before Paddle loads.
+    from psanet.core.visualize_attention import visualize_attention_from_config
+    return run_cli(visualize_attention_from_config, **options)
+
+
 if __name__ == '__main__':
-    exit_with(run_cli(visualize_attention_from_config, **vars(parse_args())))
+    exit_with(main())

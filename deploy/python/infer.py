@@ -14,7 +14,6 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..'))
 
 from psanet.cli import exit_with, run_cli  # noqa: E402
-from psanet.deploy.infer_images import infer  # noqa: E402
 from psanet.deploy.predictor import (DEFAULT_CPU_THREADS, DEFAULT_DEVICE,  # noqa: E402
                                      INFER_ENABLE_MKLDNN)
 
@@ -58,5 +57,12 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
+def main(argv=None):
+    options = vars(parse_args(argv))
+    # Imported after the flags are parsed: --help and flag errors come before Paddle loads.
+    from psanet.deploy.infer_images import infer
+    return run_cli(infer, **options)
+
+
 if __name__ == '__main__':
-    exit_with(run_cli(infer, **vars(parse_args())))
+    exit_with(main())
