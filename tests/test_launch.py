@@ -28,11 +28,12 @@ SCRIPT_FLAGS = [TRAIN_PY, '--config', 'c.yml', '--device', 'cpu']
 
 @pytest.fixture
 def clean_env(monkeypatch):
-    """No launcher variable of this environment's, no leftover of a launch."""
+    """No launcher variable of this environment's; what main() sets is undone after."""
     from paddle.distributed.launch.context.args_envs import env_args_mapping
-    for variable in list(env_args_mapping) + ['PADDLE_TRAINER_ID', 'PSANET_RENDEZVOUS_TIMEOUT',
-                                              'CUDA_VISIBLE_DEVICES', STOP_NOTE]:
-        monkeypatch.delenv(variable, raising=False)
+    for variable in list(env_args_mapping) + list(launch.ETCD_ENVIRONMENT) + [
+            'PADDLE_TRAINER_ID', 'PSANET_RENDEZVOUS_TIMEOUT', 'CUDA_VISIBLE_DEVICES', STOP_NOTE]:
+        monkeypatch.setenv(variable, '')  # remembers the value (or its absence) to restore
+        monkeypatch.delenv(variable)
     monkeypatch.setattr(sys, 'argv', list(sys.argv))
 
 
@@ -177,8 +178,6 @@ def test_an_etcd_master_gets_its_variables_and_the_own_failure_restart_from_leve
         paddle_launch, capsys, monkeypatch, level):
     from psanet import compat
     _, calls = paddle_launch
-    for name in launch.ETCD_ENVIRONMENT:
-        monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(launch, 'check_etcd', lambda master: None)  # one that answers
     argv = ['--master', 'etcd://127.0.0.1:2379', '--elastic_level', str(level)] + SCRIPT_FLAGS
     assert _run(argv, capsys)[0] == 0

@@ -70,18 +70,21 @@ def _stop_lines(text, rank_log, save_dir):
     return said
 
 
-def test_the_stop_and_the_resume_line_reach_the_launchers_console(tmp_path, mini_cityscapes):
+@pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM], ids=['ctrl-c', 'sigterm'])
+def test_the_stop_and_the_resume_line_reach_the_launchers_console(tmp_path, mini_cityscapes,
+                                                                  signum):
     with open(tmp_path / 'console', 'w') as console:  # stands in for the terminal
         pipe = subprocess.Popen(['cat'], stdin=subprocess.PIPE, stdout=console)
         try:
-            code, rank_log, save_dir = _stop_a_launch(tmp_path, mini_cityscapes, pipe.stdin)
+            code, rank_log, save_dir = _stop_a_launch(tmp_path, mini_cityscapes, pipe.stdin,
+                                                      signum=signum)
         finally:
             pipe.stdin.close()
             pipe.wait(30)
     text = (tmp_path / 'console').read_text()
-    assert code != 0
+    assert code == signum
     _stop_lines(text, rank_log, save_dir)
-    assert 'Terminating with signal 2' in text  # the launcher's own lines are whole
+    assert f'Terminating with signal {signum}' in text  # the launcher's own lines are whole
 
 
 def test_psanet_launch_prints_the_stop_last_whatever_its_console(tmp_path, mini_cityscapes):
