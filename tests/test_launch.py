@@ -212,9 +212,12 @@ def test_the_launchers_stop_note_is_printed_when_it_returns(paddle_launch, capsy
     assert code == 15 and calls[0]['note'] == stale
     assert err == ['LAUNCH INFO Exit with signal 15'] + said.splitlines()
     assert not os.path.exists(stale)
-    # A launch that was not stopped prints nothing more.
+    # A launch that was not stopped prints nothing more, not even a stale note.
+    with open(stale, 'w') as f:
+        f.write('psanet: an earlier launch\n')
     fake.then = lambda record: None
     assert _run(SCRIPT_FLAGS, capsys) == (0, '', [])
+    assert not os.path.exists(stale)
 
 
 def test_devices_this_machine_lacks_are_one_line(paddle_launch, capsys, monkeypatch):
@@ -328,7 +331,7 @@ def test_the_watcher_kills_a_launcher_whose_ranks_never_start(tmp_path, ranks):
         if ranks == 'new':  # the launcher's first rank starts
             (log_dir / 'workerlog.0').write_text('this launch\n')
         try:
-            code = sleeper.wait(10)
+            code = sleeper.wait(7)
         except subprocess.TimeoutExpired:
             code = None
     finally:
