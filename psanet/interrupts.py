@@ -17,8 +17,12 @@ import threading
 
 from psanet.errors import Interrupted
 
-__all__ = ['stop_at_boundaries', 'requested', 'raise_if_requested', 'stopped', 'worker_init']
+__all__ = ['stop_at_boundaries', 'requested', 'raise_if_requested', 'stopped', 'worker_init',
+           'STOP_NOTE']
 
+# The variable naming the file where a launched run's first rank on a node leaves what its
+# stop says, for ``python -m psanet.launch`` to print when Paddle's launcher returns.
+STOP_NOTE = 'PSANET_STOP_NOTE'
 HANDLED = (signal.SIGINT, signal.SIGTERM)
 _received = []  # the signals recorded within stop_at_boundaries, first first
 

@@ -66,12 +66,23 @@ print_master() {
             "has no address here" >&2
         return 1
     fi
-    echo "$ip:${PSANET_MASTER_PORT:-$((10000 + ${SLURM_JOB_ID:?} % 20000))}"
+    local port=${PSANET_MASTER_PORT:-$((10000 + ${SLURM_JOB_ID:?} % 20000))}
+    if ! [[ $port =~ ^[0-9]{1,5}$ ]] || ((10#$port < 1 || 10#$port > 65535)); then
+        echo "error: PSANET_MASTER_PORT=$port is not a port number (1 to 65535): give one" \
+            "that is free on the first node, or unset it (10000 + job id % 20000)" >&2
+        return 1
+    fi
+    echo "$ip:$((10#$port))"
 }
 
 # What srun runs on each node: one launcher, its ranks numbered after the node's.
 node_main() {
     local node=${SLURM_NODEID:?} nnodes=${SLURM_NNODES:?} master
+    if ! [[ $node =~ ^[0-9]{1,6}$ && $nnodes =~ ^[0-9]{1,6}$ ]] || ((10#$node >= 10#$nnodes)); then
+        echo "error: SLURM_NODEID=$node is not a node of SLURM_NNODES=$nnodes: run this" \
+            "part through srun in a job (sbatch scripts/slurm_train.sh ...)" >&2
+        exit 2
+    fi
     master=$(print_master) || exit 2
     local log_dir=${PSANET_LOG_DIR:-log}/slurm-${SLURM_JOB_ID}.${SLURM_RESTART_COUNT:-0}/node$node
     local devices=(--gpus "${PSANET_GPUS:-0,1,2,3}")

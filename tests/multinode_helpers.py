@@ -210,6 +210,18 @@ STOP_LINE = re.compile(r'^error: training stopped by SIGTERM after iteration (\d
 TRAIN_LINE = re.compile(r'\[TRAIN\] epoch: \d+, iter: (\d+)/\d+, (loss: .*?), lr: ')
 
 
+def stop_lines(console):
+    """The ``psanet:`` lines of a launcher's console."""
+    return [line for line in console.splitlines() if line.startswith('psanet: ')]
+
+
+def said_stop(step, path, save_dir, resume):
+    """What a launcher's console says when the run stopped after ``step``."""
+    return [f'psanet: training stopped after iteration {step} on every rank (the launcher '
+            f'passes a Ctrl-C or SIGTERM on as SIGTERM); its checkpoint is {path}; the log: '
+            f'{os.path.join(save_dir, "train.log")}.', f'psanet: resume with: {resume}']
+
+
 def logged_losses(log_path):
     """(iteration, 'loss: ..., loss_0: ..., loss_1: ...') of every [TRAIN] line of a log."""
     return [(int(i), loss) for i, loss in TRAIN_LINE.findall(read(log_path))]

@@ -1,7 +1,9 @@
 """Two nodes on one machine: two launchers (``--nnodes 2 --nproc_per_node 1``) train as one
-``--nproc_per_node 2`` launch does, stop together on SIGTERM, and survive a lost node.
+``--nproc_per_node 2`` launch does, stop together on SIGTERM or Ctrl-C to either (both
+consoles saying so), and survive a lost node.
 
 Each launcher stands for a machine: a session of its own, its own ``--log_dir``,
+its output a file (the console of that machine's user),
 the README's two-machine line with ``--master 127.0.0.1:<port>`` and ``--rank``
 (without ``--rank`` the launcher that starts the rendezvous server first becomes
 node 0, at random on one machine). The toy model (TinySegNet) trains on the CPU
@@ -121,9 +123,10 @@ def _rank_pid(launcher, toy_train_py, give_up):
     return None
 
 
-@pytest.mark.parametrize('signalled', [1, 0], ids=['node1_launcher', 'node0_launcher'])
-def test_sigterm_to_one_node_stops_both_after_the_same_step_with_one_checkpoint(
-        toy, one_launch, signalled):
+@pytest.mark.parametrize('signalled, signum', [(1, signal.SIGTERM), (0, signal.SIGINT)],
+                         ids=['sigterm_node1_launcher', 'ctrl-c_node0_launcher'])
+def test_a_signal_to_one_node_stops_both_after_the_same_step_with_one_checkpoint(
+        toy, one_launch, signalled, signum):
     launchers, run = _two_nodes(toy, f'sigterm_node{signalled}', save_seconds=SAVE_SECONDS)
     save = os.path.join(run, 'save')
     try:
@@ -135,7 +138,7 @@ def test_sigterm_to_one_node_stops_both_after_the_same_step_with_one_checkpoint(
         assert rank1 and mn.reached(os.path.join(run, 'node0', 'workerlog.0'), SIGNAL_STEP,
                                     ITERS), _logs(run)
         sent = time.monotonic()
-        os.kill(launchers[signalled].pid, signal.SIGTERM)
+        os.kill(launchers[signalled].pid, signum)
         checkpoint_at = rank1_end = None
         everyone = [p for launcher in launchers for p in mn.tree(launcher.pid)]
         while time.monotonic() < sent + BOUND:
@@ -151,10 +154,10 @@ def test_sigterm_to_one_node_stops_both_after_the_same_step_with_one_checkpoint(
         seconds = round(time.monotonic() - sent, 2)
         assert all(p.poll() is not None for p in launchers) and \
             not any(mn.running(p) for p in everyone), \
-            f'still running {BOUND} s after SIGTERM to node {signalled}\n' + _logs(run)
+            f'still running {BOUND} s after {signum!r} to node {signalled}\n' + _logs(run)
     finally:
         mn.kill_all(launchers)
-    print(f'SIGTERM to node {signalled}\'s launcher: every process ended in {seconds} s, '
+    print(f'{signum!r} to node {signalled}\'s launcher: every process ended in {seconds} s, '
           f'rank 1 {rank1_end - checkpoint_at:.2f} s after the checkpoint appeared')
 
     # Both ranks stop after the same step, saying so and naming the one checkpoint.
@@ -174,9 +177,19 @@ def test_sigterm_to_one_node_stops_both_after_the_same_step_with_one_checkpoint(
     # Node 1's rank left only once rank 0 had written it (the ranks meet after the write).
     assert checkpoint_at is not None and rank1_end is not None and rank1_end > checkpoint_at, \
         (checkpoint_at, rank1_end)
-    # The signalled launcher exits 15 (its signal's number); the other with its rank's 143.
+    # The signalled launcher exits with its signal's number; the other with its rank's 143.
     codes = [p.returncode for p in launchers]
-    assert codes[signalled] == 15 and codes[1 - signalled] == 143, codes
+    assert codes[signalled] == signum and codes[1 - signalled] == 143, codes
+    # Each node's console (its launcher's output) ends the run with the stop and the resume
+    # line, which rank 0 logged.
+    resume = [line.split('resume with: ', 1)[1] for line in
+              mn.read(os.path.join(run, 'node0', 'workerlog.0')).splitlines()
+              if 'resume with: ' in line]
+    assert len(resume) == 1 and resume[0].endswith(f'--resume_model {path}')
+    for node in (0, 1):
+        console = mn.read(os.path.join(run, f'launcher{node}.log'))
+        assert mn.stop_lines(console) == mn.said_stop(step, path, save, resume[0]), \
+            f'node {node}\'s console:\n{console[-3000:]}'
 
     # The same two lines again, with --resume_model auto: the uninterrupted losses.
     launchers, run2 = _two_nodes(toy, f'resume_node{signalled}', ['--resume_model', 'auto'],

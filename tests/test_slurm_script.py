@@ -148,6 +148,14 @@ def test_the_per_node_part_trains_two_nodes_stops_on_sigterm_and_continues_reque
     (step, path), = stops
     assert SIGNAL_STEP <= step < ITERS and path == os.path.join(save, f'iter_{step}')
     assert sorted(os.listdir(save)) == [f'iter_{step}', 'train.log']
+    # Each task's output (slurm-<job>.out) ends with the stop and the resume line.
+    resume = [line.split('resume with: ', 1)[1] for line in
+              mn.read(_worker_log(work, job_id, 0, 0)).splitlines() if 'resume with: ' in line]
+    assert len(resume) == 1 and resume[0].endswith(f'--resume_model auto')
+    for node in (0, 1):
+        console = mn.read(os.path.join(out, f'task{node}.log'))
+        assert mn.stop_lines(console) == mn.said_stop(step, path, save, resume[0]), \
+            console[-3000:]
 
     # The requeued job: the same lines, the next restart count; --resume_model auto.
     started = time.monotonic()
@@ -296,6 +304,33 @@ def test_the_master_is_the_first_node_of_the_list_with_or_without_scontrol(tmp_p
                     'printf "localhost\\nnode02\\n"\n')
     fake.chmod(0o755)
     assert _master('weird[list]', f'{tmp_path}:{bare}') == f'127.0.0.1:{port}'
+
+
+def test_a_port_or_a_node_that_cannot_work_is_refused_before_the_launcher(tmp_path):
+    """A text, zero or too large PSANET_MASTER_PORT (--print-master and each node), a
+    SLURM_NODEID beyond SLURM_NNODES: one line at once, no launcher started (no log)."""
+    log_dir = tmp_path / 'log'
+    for port in ('eighty', '0', '65536', '8o80'):
+        for part in ('--print-master', '--node'):
+            env = dict(os.environ, SLURM_NODEID='0', SLURM_NNODES='2',
+                       SLURM_JOB_NODELIST='localhost', SLURM_JOB_ID='12345',
+                       PSANET_MASTER_PORT=port, PSANET_LOG_DIR=str(log_dir))
+            done = run_process(['bash', SCRIPT, part, '--config', 'x.yml'], env=env,
+                               capture_output=True, text=True, timeout=60, cwd=tmp_path)
+            assert (done.returncode, done.stdout, done.stderr.splitlines()) == (
+                1 if part == '--print-master' else 2, '',
+                [f'error: PSANET_MASTER_PORT={port} is not a port number (1 to 65535): give '
+                 'one that is free on the first node, or unset it (10000 + job id % 20000)'])
+    for node, nnodes in (('2', '2'), ('5', '2'), ('x', '2'), ('0', 'two')):
+        env = dict(os.environ, SLURM_NODEID=node, SLURM_NNODES=nnodes,
+                   SLURM_JOB_NODELIST='localhost', SLURM_JOB_ID='12345',
+                   PSANET_LOG_DIR=str(log_dir))
+        done = run_process(['bash', SCRIPT, '--node', '--config', 'x.yml'], env=env,
+                           capture_output=True, text=True, timeout=60, cwd=tmp_path)
+        assert (done.returncode, done.stderr.splitlines()) == (2, [
+            f'error: SLURM_NODEID={node} is not a node of SLURM_NNODES={nnodes}: run this part '
+            'through srun in a job (sbatch scripts/slurm_train.sh ...)'])
+    assert not log_dir.exists()
 
 
 def test_the_kubeflow_manifest_runs_the_scripts_training_command():

@@ -3,6 +3,7 @@
 Every helper is a no-op in a single process, so the engine has one code path
 for one process and for ``paddle.distributed.launch`` / ``spawn`` runs.
 """
+import contextlib
 import os
 import stat
 
@@ -10,8 +11,10 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
+from psanet.interrupts import STOP_NOTE
+
 __all__ = ['world_size', 'rank', 'is_main_process', 'init_parallel', 'all_reduce_sum',
-           'broadcast_buffers', 'launcher_console']
+           'broadcast_buffers', 'tell_launcher']
 
 _LAUNCHER = b'paddle.distributed.launch'
 
@@ -74,38 +77,39 @@ def broadcast_buffers(model, src=0):
             dist.broadcast(tensor, src=src)
 
 
-def launcher_console():
-    """The console of the ``paddle.distributed.launch`` that started this process, for one
-    line from the first rank of each node; None elsewhere or when it cannot be opened.
+def tell_launcher(text):
+    """Gives ``text`` (whole lines) to the console of the launcher that started this
+    process, from the first rank of each node; elsewhere nothing.
 
     A signalled launcher stops copying rank 0's log to its console (it closes the log
     before it passes the signal on), so what a stopped run says would be only in
-    ``log/workerlog.N``. Returns a text file appending to the launcher's stderr: a
-    terminal, a pipe, or a file it appends to (into a file it writes at its own
-    offset, the launcher's next line would overwrite ours: None then).
+    ``log/workerlog.N``. Under ``python -m psanet.launch`` the text goes to the file
+    ``$PSANET_STOP_NOTE`` names, which the launcher prints when it returns. Under
+    ``python -m paddle.distributed.launch`` (this process's parent) it is appended to the
+    launcher's stderr when that is a terminal, a pipe or a file it appends to (into a
+    file it writes at its own offset, the launcher's next line would overwrite ours:
+    nothing is written there).
     """
     if 'PADDLE_TRAINER_ID' not in os.environ or os.environ.get('PADDLE_LOCAL_RANK', '0') != '0':
-        return None
-    pid = os.getppid()
-    for _ in range(3):  # the launcher, or above a wrapper that forked the trainer
-        try:
-            with open(f'/proc/{pid}/cmdline', 'rb') as f:
-                command = f.read().split(b'\0')
-            if _LAUNCHER in command:
-                return _open_shared(pid, 2)
-            with open(f'/proc/{pid}/stat', 'rb') as f:
-                pid = int(f.read().rsplit(b')', 1)[1].split()[1])
-        except (OSError, ValueError, IndexError, StopIteration):
+        return
+    with contextlib.suppress(OSError):  # a console that is gone: the text is in the log
+        note = os.environ.get(STOP_NOTE)
+        console = open(note, 'w') if note else _paddle_launcher_console()
+        if console is not None:
+            with console:
+                console.write(text)
+
+
+def _paddle_launcher_console():
+    parent = os.getppid()
+    with open(f'/proc/{parent}/cmdline', 'rb') as f:
+        if _LAUNCHER not in f.read().split(b'\0'):
             return None
-    return None
-
-
-def _open_shared(pid, fd):
-    path = f'/proc/{pid}/fd/{fd}'
+    path = f'/proc/{parent}/fd/2'
     mode = os.stat(path).st_mode
     if stat.S_ISREG(mode):
-        with open(f'/proc/{pid}/fdinfo/{fd}') as f:
-            flags = next(int(line.split()[1], 8) for line in f if line.startswith('flags:'))
+        with open(f'/proc/{parent}/fdinfo/2') as f:
+            flags = next((int(line.split()[1], 8) for line in f if line.startswith('flags:')), 0)
         if not flags & os.O_APPEND:
             return None
     elif not (stat.S_ISCHR(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):

@@ -364,16 +364,12 @@ def _stop(run, state):
 
 
 def _tell_launcher_console(run, state, path, command):
-    """The stop, where the user of paddle.distributed.launch looks: its console."""
-    console = dist.launcher_console()
-    if console is None:
-        return
-    with contextlib.suppress(OSError), console:  # a closed console: the line is in the log
-        console.write(f'psanet: training stopped after iteration {state.iteration} on every '
-                      f'rank (the launcher passes a Ctrl-C or SIGTERM on as SIGTERM); its '
-                      f'checkpoint is {path}; the log: '
-                      f'{os.path.join(run.options.save_dir, "train.log")}.\n'
-                      f'psanet: resume with: {command}\n')
+    """The stop, where the user of the launcher looks: its console."""
+    dist.tell_launcher(
+        f'psanet: training stopped after iteration {state.iteration} on every rank (the '
+        f'launcher passes a Ctrl-C or SIGTERM on as SIGTERM); its checkpoint is {path}; the '
+        f'log: {os.path.join(run.options.save_dir, "train.log")}.\n'
+        f'psanet: resume with: {command}\n')
 
 
 def _evaluate(run, state):
