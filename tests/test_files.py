@@ -1,13 +1,18 @@
 """psanet.files: the one place that renames a temporary into place (an AST scan of psanet/);
 a durable file and every file and folder of a folder are fsynced before their rename and their
-parent after it (the fsync calls recorded); a quota error is a full disk, in the same line."""
+parent after it (the fsync calls recorded); a quota error is a full disk, in the same line;
+an image is encoded in the format its extension names (read back by PIL)."""
 import ast
 import errno
 import os
 
+import cv2
+import numpy as np
 import pytest
+from PIL import Image
 
 from conftest import ROOT
+from engine_helpers import IMAGE_FORMATS
 from psanet import files
 from psanet.cli import run_cli
 from psanet.errors import DiskFullError
@@ -190,3 +195,24 @@ def test_a_quota_error_making_a_folder_is_a_full_disk(tmp_path, monkeypatch):
     monkeypatch.setattr(os, 'makedirs', makedirs)
     with pytest.raises(DiskFullError, match=f'^no space left in {tmp_path} '):
         files.make_output_dir(str(tmp_path / 'out' / 'added_prediction'))
+
+
+@pytest.mark.parametrize('name, extension', [('a.png', None), ('a.jpg', None), ('a.JPG', None),
+                                             ('a.jpeg', None), ('a.bmp', None),
+                                             ('a.jpg', '.png')])
+def test_an_image_is_written_in_the_format_its_extension_names(tmp_path, name, extension):
+    """Read back by PIL: the format of ``extension`` (default: the name's), the pixels as
+    given where it is lossless, within JPEG's loss where not."""
+    rng = np.random.RandomState(0)
+    bgr = cv2.resize(rng.randint(0, 256, (4, 6, 3)).astype('uint8'), (60, 40),
+                     interpolation=cv2.INTER_CUBIC)  # smooth, so that JPEG keeps it close
+    path = files.write_image(str(tmp_path / name), bgr, extension)
+    assert path == str(tmp_path / name) and os.listdir(tmp_path) == [name]
+    format_ = IMAGE_FORMATS[(extension or os.path.splitext(name)[1]).lower()]
+    with Image.open(path) as image:
+        assert image.format == format_
+        difference = np.abs(np.asarray(image.convert('RGB'), int) - bgr[:, :, ::-1])
+    if format_ == 'JPEG':
+        assert 0 < difference.mean() < 3, difference.mean()
+    else:
+        assert difference.max() == 0
