@@ -7,7 +7,7 @@ import numpy as np
 import yaml
 
 from psanet.contract import (DEFAULT_TRANSFORMS, DEPLOY_FILE, DEPLOY_SECTION, DYNAMIC_INPUT_SHAPE,
-                             PALETTES, read_json)
+                             MIN_INPUT_SIZE, PALETTES, read_json)
 from psanet.errors import DeployError
 
 from .attention_memory import ATTENTION_MEMORY, AttentionCost
@@ -276,6 +276,18 @@ class DeployConfig:
                               f'bytes_per_element, positive integers, got {entry!r}: fix it or '
                               'export the model again.')
         return AttentionCost(*values)
+
+    @property
+    def min_input_size(self):
+        """The smallest side of a network input the exported model runs on in every backend
+        (``PSANet.min_input_size``), or None when deploy.yaml has no ``min_input_size``
+        (another model, or an export that did not write one)."""
+        size = self.dic.get(MIN_INPUT_SIZE)
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int)
+                                 or size < 1):
+            raise DeployError(f'{self.path}: Deploy.{MIN_INPUT_SIZE} must be a positive '
+                              f'integer, got {size!r}: fix it or export the model again.')
+        return size
 
     @property
     def holds_custom_op(self):

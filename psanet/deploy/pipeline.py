@@ -19,7 +19,8 @@ from .deploy_config import DeployConfig
 from .attention_memory import check_batch_memory
 from .predictor import (API_ENABLE_MKLDNN, DEFAULT_CPU_THREADS, DEFAULT_DEVICE, PredictorOptions,
                         default_cpu_threads)
-from .processing import postprocess, preprocess, restore_logits
+from .processing import (check_image_file, check_input_size, image_names, postprocess,
+                         preprocess, restore_logits)
 from .backends import create_runner, default_backend
 
 __all__ = ['Pipeline']
@@ -39,6 +40,8 @@ def _as_list(images):
     for i, item in enumerate(items):
         if isinstance(item, os.PathLike):
             items[i] = os.fspath(item)
+        if isinstance(items[i], str):
+            check_image_file(items[i])  # every path, before the first image runs
         elif isinstance(item, np.ndarray):
             _check_array(i, item)
         elif item is None:
@@ -99,16 +102,20 @@ class Pipeline:
         attention_cost (AttentionCost, optional): What the export's attention maps take,
             checked against the host's free memory before each run. Default: None (not
             checked).
+        min_input_size (int, optional): The smallest side of a network input the runner
+            runs on (an export's, ``DeployConfig.min_input_size``), checked as each image is
+            preprocessed. Default: None (not checked).
         workdir (tempfile.TemporaryDirectory, optional): A folder removed with the pipeline
             (``psanet.Segmenter.from_config``'s temporary export). Default: None.
     """
 
     def __init__(self, runner, transforms, output_op='none', batch_size=1, backend=None,
-                 deploy=None, attention_cost=None, workdir=None):
+                 deploy=None, attention_cost=None, workdir=None, min_input_size=None):
         self.runner, self.transforms, self.output_op = runner, transforms, output_op
         self.batch_size = _checked_batch_size(batch_size)
         self.backend, self.deploy = backend, deploy
         self._attention, self._workdir = attention_cost, workdir
+        self._min_input_size = min_input_size
 
     @classmethod
     def from_export(cls, path, backend=None, device=DEFAULT_DEVICE, cpu_threads=None, batch_size=1,
@@ -154,11 +161,11 @@ class Pipeline:
         batch_size = _checked_batch_size(batch_size)  # before a runner is made
         transforms = deploy.build_transforms()
         backend = backend or default_backend(deploy, options.device, int8)
-        attention = deploy.attention_cost
+        attention, smallest = deploy.attention_cost, deploy.min_input_size
         runner = create_runner(deploy, backend, options, int8)
         # The host's memory is checked; a GPU's free memory needs Paddle's CUDA calls.
         return cls(runner, transforms, deploy.output_op, batch_size, backend, deploy,
-                   attention if options.device == 'cpu' else None, workdir)
+                   attention if options.device == 'cpu' else None, workdir, smallest)
 
     def __repr__(self):
         source = self.deploy.dir if self.deploy is not None else type(self.runner).__name__
@@ -196,8 +203,10 @@ class Pipeline:
     def preprocess(self, images, names=None):
         """``(batch, infos)`` of images (paths or BGR arrays) of one size after the
         transforms: the float32 ``[N, 3, H, W]`` batch, and per image what
-        ``postprocess`` needs to map the output back to it."""
+        ``postprocess`` needs to map the output back to it. A batch smaller than the
+        export runs on is refused."""
         batch, trans_infos, read = preprocess(images, self.transforms, names)
+        check_input_size(batch, image_names(images, names), self._min_input_size)
         return batch, [(info, image.shape[:2]) for info, image in zip(trans_infos, read)]
 
     def run(self, batch):
@@ -223,7 +232,7 @@ class Pipeline:
 
     def _outputs(self, items):
         """``(output, infos)`` per run: consecutive images of one size, batch_size a run."""
-        names = [item if isinstance(item, str) else f'image {i}' for i, item in enumerate(items)]
+        names = image_names(items)
         group, infos = [], []
         for item, name in zip(items, names):
             batch, info = self.preprocess([item], [name])
