@@ -98,24 +98,23 @@ class Pipeline:
             the transforms share a run. Default: 1.
         backend (str, optional): What runs the model, for ``repr``: a backend's name, or
             'dygraph'. Default: None.
-        deploy (DeployConfig, optional): The export the runner runs, if any. Default: None.
+        deploy (DeployConfig, optional): The export the runner runs, if any; an input
+            smaller than its ``min_input_size`` is refused as it is preprocessed.
+            Default: None.
         attention_cost (AttentionCost, optional): What the export's attention maps take,
             checked against the host's free memory before each run. Default: None (not
             checked).
-        min_input_size (int, optional): The smallest side of a network input the runner
-            runs on (an export's, ``DeployConfig.min_input_size``), checked as each image is
-            preprocessed. Default: None (not checked).
         workdir (tempfile.TemporaryDirectory, optional): A folder removed with the pipeline
             (``psanet.Segmenter.from_config``'s temporary export). Default: None.
     """
 
     def __init__(self, runner, transforms, output_op='none', batch_size=1, backend=None,
-                 deploy=None, attention_cost=None, workdir=None, min_input_size=None):
+                 deploy=None, attention_cost=None, workdir=None):
         self.runner, self.transforms, self.output_op = runner, transforms, output_op
         self.batch_size = _checked_batch_size(batch_size)
         self.backend, self.deploy = backend, deploy
         self._attention, self._workdir = attention_cost, workdir
-        self._min_input_size = min_input_size
+        self._min_input_size = deploy.min_input_size if deploy is not None else None
 
     @classmethod
     def from_export(cls, path, backend=None, device=DEFAULT_DEVICE, cpu_threads=None, batch_size=1,
@@ -161,11 +160,11 @@ class Pipeline:
         batch_size = _checked_batch_size(batch_size)  # before a runner is made
         transforms = deploy.build_transforms()
         backend = backend or default_backend(deploy, options.device, int8)
-        attention, smallest = deploy.attention_cost, deploy.min_input_size
+        attention = deploy.attention_cost
         runner = create_runner(deploy, backend, options, int8)
         # The host's memory is checked; a GPU's free memory needs Paddle's CUDA calls.
         return cls(runner, transforms, deploy.output_op, batch_size, backend, deploy,
-                   attention if options.device == 'cpu' else None, workdir, smallest)
+                   attention if options.device == 'cpu' else None, workdir)
 
     def __repr__(self):
         source = self.deploy.dir if self.deploy is not None else type(self.runner).__name__
