@@ -20,8 +20,8 @@ from psanet.errors import ConfigError, DatasetError
 from psanet.files import make_output_dir, write_bytes, write_image
 
 __all__ = ['DEPLOY_FILE', 'DEPLOY_SECTION', 'PROGRAM_FILE', 'PARAMS_FILE', 'ONNX_FILE',
-           'INPUT_NAME', 'DYNAMIC_INPUT_SHAPE', 'DEFAULT_TRANSFORMS', 'OUTPUT_OPS', 'PALETTES',
-           'IMAGE_EXTENSIONS', 'palette_for', 'get_image_list', 'output_paths', 'check_outputs',
+           'INPUT_NAME', 'DYNAMIC_INPUT_SHAPE', 'DEFAULT_TRANSFORMS', 'OUTPUT_OPS',
+           'MIN_INPUT_SIZE', 'PALETTES', 'IMAGE_EXTENSIONS', 'palette_for', 'get_image_list', 'output_paths', 'check_outputs',
            'color_map', 'read_json', 'read_images', 'save_prediction']
 
 # The files of an export, all in one folder: what paddle.jit.save writes on
@@ -40,6 +40,8 @@ DEFAULT_TRANSFORMS = ({'type': 'Normalize'}, )
 # What the exported graph ends with, as in PaddleSeg's export: int32 class ids [N, H, W]
 # (argmax), probabilities (softmax) or logits (none), float [N, C, H, W].
 OUTPUT_OPS = ('argmax', 'softmax', 'none')
+# deploy.yaml's smallest side of a network input the export runs on in every backend.
+MIN_INPUT_SIZE = 'min_input_size'
 PALETTES = ('cityscapes', 'default')
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp')
 

@@ -19,8 +19,8 @@ from paddleseg.deploy.export import WrappedModel
 from psanet import interrupts
 from psanet.compat import ORT_UNUSED_INITIALIZER, PIR_OUT_TENSOR, keep_forward
 from psanet.contract import (DEFAULT_TRANSFORMS, DEPLOY_FILE, DEPLOY_SECTION, DYNAMIC_INPUT_SHAPE,
-                             INPUT_NAME, ONNX_FILE, OUTPUT_OPS, PALETTES, PARAMS_FILE,
-                             PROGRAM_FILE, get_image_list, palette_for)
+                             INPUT_NAME, MIN_INPUT_SIZE, ONNX_FILE, OUTPUT_OPS, PALETTES,
+                             PARAMS_FILE, PROGRAM_FILE, get_image_list, palette_for)
 from psanet.core.config import ComponentBuilder, load_config
 from psanet.core.weights import load_model_weights
 from psanet.deploy.deploy_config import DeployConfig
@@ -279,6 +279,9 @@ def _write_export(model, val_transforms, save_dir, options, num_classes):
     if plan is not None:  # Pipeline.run checks each input against the memory before it runs
         deploy[ATTENTION_MEMORY] = {key: int(value) for key, value in
                                     AttentionCost.of(plan)._asdict().items()}
+    smallest = model.min_input_size() if isinstance(model, PSANet) else None
+    if smallest is not None:  # Pipeline.preprocess refuses a smaller input in every backend
+        deploy[MIN_INPUT_SIZE] = int(smallest)
     if options.onnx:
         export_onnx(save_dir)
         deploy['onnx'] = ONNX_FILE

@@ -216,6 +216,16 @@ def remove_stale_temporaries(folder):
             shutil.rmtree(os.path.join(folder, entry), ignore_errors=True)
 
 
+def _fsync_tree(folder):
+    """Flushes every file and folder below ``folder``, and ``folder``, each folder after what
+    it holds (a checkpoint's or an archive's files may sit in subfolders)."""
+    for root, _, names in os.walk(folder, topdown=False):
+        for name in names:
+            if not os.path.islink(os.path.join(root, name)):
+                fsync(os.path.join(root, name))
+        fsync(root)
+
+
 def write_folder(directory, write, carry_over=None):
     """Writes a folder whole or not at all: ``write(temporary)`` fills a hidden folder
     beside ``directory``, which then replaces ``directory`` (an old one is moved aside
@@ -241,9 +251,7 @@ def write_folder(directory, write, carry_over=None):
     temporary = _make_temporary_dir(parent, name)
     try:
         write(temporary)
-        for entry in os.listdir(temporary):
-            fsync(os.path.join(temporary, entry))
-        fsync(temporary)
+        _fsync_tree(temporary)
         if os.path.exists(directory):
             # rename() cannot replace a non-empty folder: move the old one aside first.
             retired = _make_temporary_dir(parent, name + RETIRED_SUFFIX)
@@ -251,9 +259,12 @@ def write_folder(directory, write, carry_over=None):
             os.replace(directory, previous)
             os.replace(temporary, directory)
             fsync(parent)
-            for entry in os.listdir(previous) if carry_over else ():
-                if carry_over(entry) and not os.path.lexists(os.path.join(directory, entry)):
-                    os.replace(os.path.join(previous, entry), os.path.join(directory, entry))
+            carried = [entry for entry in (os.listdir(previous) if carry_over else ())
+                       if carry_over(entry) and not os.path.lexists(os.path.join(directory, entry))]
+            for entry in carried:
+                os.replace(os.path.join(previous, entry), os.path.join(directory, entry))
+            if carried:  # their renames, before the old folder is deleted
+                fsync(directory)
             shutil.rmtree(retired, ignore_errors=True)
         else:
             os.replace(temporary, directory)

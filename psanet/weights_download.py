@@ -5,14 +5,17 @@
 (.zip, .tar.gz, .tgz, .tar) holding one ``model.pdparams``; ``#sha256=<hex>`` at the end of
 the URL checks the download. The file is written whole into ``$PSANET_WEIGHTS_CACHE``
 (default ``~/.cache/psanet/weights``) and renamed in only once its length (the server's
-Content-Length) and checksum are right; an archive is unpacked the same way, as one folder.
+Content-Length), its checksum and its format (a whole pickle, as paddle.save writes: not a
+web page) are right; an archive of plain files is unpacked the same way, as one folder.
 A later call with the same URL finds it there and downloads nothing. Imports neither
 paddle nor the engine.
 """
 import hashlib
 import http.client
 import os
+import pickletools
 import re
+import stat
 import tarfile
 import urllib.error
 import urllib.request
@@ -30,6 +33,8 @@ WEIGHTS_FILE = 'model.pdparams'
 ARCHIVES = ('.tar.gz', '.tgz', '.tar', '.zip')
 CHUNK = 1 << 20
 _SHA256 = re.compile(r'^sha256=([0-9a-fA-F]{64})$')
+# The PROTO opcode, first in every pickle of protocol 2 or later (what paddle.save writes).
+_PROTO = b'\x80'
 
 
 def is_url(path):
@@ -109,20 +114,50 @@ def _download(address, sha256, target, flag, logger):
                  f' (add #sha256={found} to the URL to check it next time).'))
 
 
+def _not_weights(path):
+    """``(what the file is, the fix)`` when ``path`` is not weights paddle.load reads (a web
+    page, another format, a pickle cut short), else None. The pickle's opcodes are walked,
+    never run."""
+    with open(path, 'rb') as f:
+        head = f.read(64)
+        begins = repr(head[:16])[1:] if head else 'nothing'
+        if head.lstrip()[:1] == b'<':
+            return (f'a web page (it begins {begins})', 'pass the URL of the .pdparams file '
+                    'itself, not of a page that links to it')
+        if head[:1] != _PROTO or len(head) < 2 or head[1] < 2:
+            return (f'not a pickle as paddle.save writes (it begins {begins})',
+                    'pass the URL of a .pdparams file written by paddle.save')
+        f.seek(0)
+        try:
+            for _ in pickletools.genops(f):
+                pass
+        except ValueError:
+            return ('a pickle cut short', 'run again, or download the file elsewhere and pass '
+                                          'its local path')
+    return None
+
+
+def _check_weights(path, flag, url, subject):
+    found = _not_weights(path)
+    if found is not None:
+        raise CheckpointError(f'{flag} {url}: {subject} is {found[0]}, not weights: {found[1]}; '
+                              'nothing was kept in the cache.')
+
+
 def _unpack(archive, folder, flag, url):
     try:
         if archive.endswith('.zip'):
             with zipfile.ZipFile(archive) as opened:
-                names = opened.namelist()
-                _check_members(names, flag, url)
+                _check_members(((info.filename, _zip_link(opened, info), False)
+                                for info in opened.infolist()), flag, url)
                 opened.extractall(folder)
         else:
             with tarfile.open(archive) as opened:
-                members = opened.getmembers()
-                _check_members([f'/{m.name} (a link)' if m.issym() or m.islnk() else m.name
-                                for m in members], flag, url)
+                _check_members(((m.name, m.linkname if m.issym() or m.islnk() else None,
+                                 not (m.isfile() or m.isdir())) for m in opened.getmembers()),
+                               flag, url)
                 # The members are checked above; the 'data' filter (where tarfile has it)
-                # also refuses device files and drops modes no download should set.
+                # also drops modes no download should set.
                 extra = {'filter': 'data'} if hasattr(tarfile, 'data_filter') else {}
                 opened.extractall(folder, **extra)
     except (tarfile.TarError, zipfile.BadZipFile, EOFError) as error:
@@ -132,25 +167,51 @@ def _unpack(archive, folder, flag, url):
     os.remove(archive)
 
 
-def _check_members(names, flag, url):
-    for name in names:
+def _zip_link(opened, info):
+    """The target of a symbolic link a zip stores (``zip -y``: S_IFLNK in the Unix mode, the
+    target as the data), or None."""
+    if not stat.S_ISLNK(info.external_attr >> 16):
+        return None
+    return opened.read(info).decode('utf-8', 'replace')
+
+
+def _check_members(members, flag, url):
+    """Refuses an archive with a member that is a link, a device or pipe, or a path that is
+    absolute or leaves the archive's folder; ``members`` are ``(name, link target or None,
+    special)``."""
+    for name, target, special in members:
         parts = name.replace('\\', '/').split('/')
-        if name.startswith('/') or '..' in parts:
-            raise CheckpointError(f'{flag} {url}: the archive holds a link or a path outside '
-                                  f'itself ({name!r}); it is not unpacked: pass an archive '
-                                  'of plain files.')
+        if target is not None:
+            what = f'a link ({name} -> {target})'
+        elif special:
+            what = f'a device or pipe ({name})'
+        elif name.startswith(('/', '\\')) or re.match(r'^[A-Za-z]:', name):
+            what = f'an absolute path ({name})'
+        elif '..' in parts:
+            what = f'a path outside itself ({name})'
+        else:
+            continue
+        raise CheckpointError(f'{flag} {url}: the archive holds {what}; it is not unpacked: '
+                              'pass an archive of plain files.')
+
+
+def _weights_below(folder):
+    """The paths of the files named model.pdparams below ``folder``, relative to it."""
+    return sorted(os.path.relpath(os.path.join(root, WEIGHTS_FILE), folder)
+                  for root, _, files in os.walk(folder) if WEIGHTS_FILE in files)
 
 
 def _weights_in(folder, flag, url):
-    found = sorted(os.path.join(root, name) for root, _, files in os.walk(folder)
-                   for name in files if name == WEIGHTS_FILE)
+    found = _weights_below(folder)
     if len(found) == 1:
-        return found[0]
-    held = sorted(os.path.relpath(os.path.join(root, name), folder)
-                  for root, _, files in os.walk(folder) for name in files)
-    what = 'no' if not found else f'{len(found)} files named'
-    raise CheckpointError(f'{flag} {url}: the archive holds {what} {WEIGHTS_FILE} (it holds '
-                          f'{", ".join(held[:5]) or "nothing"}): pass an archive with one '
+        return os.path.join(folder, found[0])
+    if found:
+        what = f'{len(found)} files named {WEIGHTS_FILE} ({", ".join(found)})'
+    else:
+        held = sorted(os.path.relpath(os.path.join(root, name), folder)
+                      for root, _, files in os.walk(folder) for name in files)
+        what = f'no {WEIGHTS_FILE} (it holds {", ".join(held[:5]) or "nothing"})'
+    raise CheckpointError(f'{flag} {url}: the archive holds {what}: pass an archive with one '
                           f'{WEIGHTS_FILE}, or the URL of the weights file itself.')
 
 
@@ -169,8 +230,9 @@ def fetch_weights(url, flag='--model_path', logger=None):
 
     Raises:
         CheckpointError: a malformed #sha256=, an HTTP or network error, a download cut
-            short or with another checksum, an archive without one model.pdparams; each
-            leaves nothing in the cache.
+            short or with another checksum, a file that is not weights (a web page), an
+            archive with links, or without one model.pdparams; each leaves nothing in the
+            cache.
     """
     logger = logger or get_logger()
     address, sha256 = _split(url, flag)
@@ -186,16 +248,31 @@ def fetch_weights(url, flag='--model_path', logger=None):
     entry = os.path.join(cache, f'{key}-{name}')
     if name.endswith(ARCHIVES):
         folder = entry + '.d'
-        if not os.path.isdir(folder):
+        found = _weights_below(folder)
+        if len(found) != 1 or not _cached(os.path.join(folder, found[0]), logger):
             def unpack(temporary):
                 archive = os.path.join(temporary, name)
                 _download(address, sha256, archive, flag, logger)
                 _unpack(archive, temporary, flag, url)
-                _weights_in(temporary, flag, url)
+                weights = _weights_in(temporary, flag, url)
+                _check_weights(weights, flag, url,
+                               f'{os.path.relpath(weights, temporary)} in the archive')
             write_folder(folder, unpack)
         return _weights_in(folder, flag, url)
-    if not os.path.isfile(entry):
-        write_file_whole(entry, lambda temporary: _download(address, sha256, temporary, flag,
-                                                            logger), durable=True)
+    if not _cached(entry, logger):
+        def download(temporary):
+            _download(address, sha256, temporary, flag, logger)
+            _check_weights(temporary, flag, url, 'the download')
+        write_file_whole(entry, download, durable=True)
     return entry
 
+
+def _cached(path, logger):
+    """True when the cache holds the weights file ``path`` whole; one that is not (left by an
+    older version, or damaged since) is logged, to be downloaded again over."""
+    if not os.path.isfile(path):
+        return False
+    bad = _not_weights(path)
+    if bad is not None:
+        logger.warning(f'The cached {path} is not weights ({bad[0]}): downloading it again.')
+    return bad is None

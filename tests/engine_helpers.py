@@ -59,6 +59,34 @@ def assert_saved_masks_agree(out, image_paths, model, rtol):
                                 class_axis=0)
 
 
+# The format of each output extension, as PIL names it.
+IMAGE_FORMATS = {'.png': 'PNG', '.jpg': 'JPEG', '.jpeg': 'JPEG', '.bmp': 'BMP'}
+
+
+def read_prediction_files(pseudo, added, image_path):
+    """The class ids of one image's two outputs, read back by PIL (not the OpenCV that wrote
+    them), after checking them: the pseudo-colour file is a palette PNG whatever the image's
+    extension (class ids stay exact); the overlay is in the format of its name's extension,
+    and is the image blended 0.6 / 0.4 with the class colours (numpy here), to within
+    rounding where the format is lossless and within JPEG's loss for a .jpg."""
+    from PIL import Image
+    with Image.open(pseudo) as mask:
+        assert (mask.format, mask.mode) == ('PNG', 'P'), (pseudo, mask.format, mask.mode)
+        label = np.asarray(mask)
+        palette = np.asarray(mask.getpalette()[:768], np.float64).reshape(-1, 3)
+    extension = os.path.splitext(str(added))[1].lower()
+    with Image.open(added) as overlay:
+        assert overlay.format == IMAGE_FORMATS[extension], (added, overlay.format)
+        got = np.asarray(overlay.convert('RGB'), np.float64)
+    rgb = cv2.imread(str(image_path))[:, :, ::-1].astype(np.float64)
+    difference = np.abs(got - (0.6 * rgb + 0.4 * palette[label]))
+    if IMAGE_FORMATS[extension] == 'JPEG':
+        assert difference.mean() < 8, (added, difference.mean())
+    else:
+        assert difference.max() <= 1, (added, difference.max())
+    return label
+
+
 # BGR colours of the toy classes (and of class ids beyond, for bad-label tests).
 TOY_COLORS = np.array([[40, 40, 200], [40, 200, 40], [200, 40, 40], [200, 200, 40]], np.uint8)
 

@@ -1,6 +1,7 @@
 """psanet.deploy.attention_memory: what an input's attention takes, as the model says it; the
 largest window and scale that fit, worked out, against the searches that try every size one
-step at a time; and the record of the free-GPU-memory API."""
+step at a time; the host's available memory as /proc/meminfo gives it (a file with known
+numbers stands in); and the record of the free-GPU-memory API."""
 import math
 import re
 
@@ -231,3 +232,33 @@ def test_the_runtime_refuses_a_batch_that_does_not_fit_naming_windows_that_do(
         assert math.isclose(crop_w / crop_h, width / height, rel_tol=0.3)
     monkeypatch.setattr(attention_memory, 'host_memory_available', lambda: need)
     attention_memory.check_batch_memory(cost, (batch, 3, height, width))
+
+
+MEMINFO = """MemTotal:       32768000 kB
+MemFree:         1048576 kB
+MemAvailable:   12345678 kB
+Buffers:          204800 kB
+"""
+
+
+def test_the_hosts_available_memory_is_memavailable_in_bytes(tmp_path, monkeypatch):
+    """/proc/meminfo counts in KiB (the kernel's "kB"): MemAvailable 12345678 kB is
+    12641974272 bytes, 11.8 GiB, which the runtime's refusal names; without MemAvailable
+    (kernels before 3.14) or the file, the memory is unknown and nothing is refused."""
+    meminfo = tmp_path / 'meminfo'
+    meminfo.write_text(MEMINFO)
+    monkeypatch.setattr(attention_memory, 'MEMINFO', str(meminfo))
+    assert attention_memory.host_memory_available() == 12641974272
+    assert attention_memory.available_memory(paddle.CPUPlace()) == 12641974272
+    # A 3184 x 3184 input at 16 pixels a position: 199 x 199 positions, 199**4 * 8 bytes =
+    # 12545913608 fit; 3185 x 3185: 200 x 200, 200**4 * 8 = 12800000000 do not.
+    cost = AttentionCost(input_unit=16, bytes_per_element=8)
+    with pytest.raises(DeployError, match=r'a 3185x3185 network input .* needs 11\.9 GiB .*'
+                       r'but only 11\.8 GiB of host memory is available'):
+        attention_memory.check_batch_memory(cost, (1, 3, 3185, 3185))
+    attention_memory.check_batch_memory(cost, (1, 3, 3184, 3184))
+    meminfo.write_text(MEMINFO.replace('MemAvailable:   12345678 kB\n', ''))
+    assert attention_memory.host_memory_available() is None
+    attention_memory.check_batch_memory(cost, (1, 3, 4096, 4096))
+    monkeypatch.setattr(attention_memory, 'MEMINFO', str(tmp_path / 'missing'))
+    assert attention_memory.host_memory_available() is None

@@ -233,12 +233,38 @@ def test_feature_stride_is_what_the_backbone_outputs(layers, output_stride, inde
                                     min(output_stride, [4, 8, 16, 32][index]))
 
 
+@pytest.mark.parametrize('layers, output_stride', [(18, 8), (18, 16), (18, 32), (50, 8)])
+def test_the_smallest_input_leaves_every_average_pool_two_pixels(layers, output_stride):
+    """min_input_size against the maps the backbone's average pools receive (forward
+    pre-hooks on the 2x2 pools of the vd shortcuts): at the smallest side each gets at least
+    2 pixels a side, at one pixel less one gets a single pixel, which OpenVINO cannot pool
+    (tests/test_segmenter.py). The backbone runs whole whatever backbone_indices takes."""
+    from paddleseg.models.backbones.resnet_vd import ResNet_vd
+    backbone = ResNet_vd(layers=layers, output_stride=output_stride)
+    model = PSANet(19, backbone, backbone_indices=(0, 1), mask_h=5, mask_w=5, psa_channels=8)
+    smallest = model.min_input_size()
+    pooled = []
+    for layer in backbone.sublayers():
+        if isinstance(layer, paddle.nn.AvgPool2D):
+            layer.register_forward_pre_hook(
+                lambda layer, inputs: pooled.append(min(inputs[0].shape[-2:])))
+    backbone.eval()
+    with paddle.no_grad():
+        for height, width, least in ((smallest, smallest + 7, 2), (smallest - 1, 40, 1),
+                                     (40, smallest - 1, 1)):
+            pooled.clear()
+            backbone(paddle.zeros([1, 3, height, width]))
+            assert pooled and min(pooled) == least, (height, width, pooled)
+    assert smallest == {8: 5, 16: 9, 32: 17}[output_stride]
+
+
 def test_another_backbone_has_no_feature_stride_and_no_memory_plan():
     class FourOutputs(paddle.nn.Layer):
         feat_channels = [4, 8, 8, 16]
 
     model = PSANet(3, FourOutputs(), mask_h=5, mask_w=5, psa_channels=8)
     assert model.feature_stride is None and model.attention_memory(64, 64) is None
+    assert model.min_input_size() is None
 
 
 @pytest.mark.parametrize('psa_type,use_psa', [(0, True), (1, True), (2, True), (2, False)])

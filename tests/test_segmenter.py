@@ -25,13 +25,20 @@ from engine_helpers import (assert_saved_masks_agree, dygraph_logits, mini_psane
 SIZES = [(96, 64), (96, 64), (64, 48)]  # width, height: two of one size, then another
 
 
+def _runtime_missing(runtime):
+    """Why the checkpoint fixture's export cannot run in ``runtime`` here, or ''."""
+    if runtime == 'paddle':
+        return ''
+    if not backends.installed(runtime):
+        return f'{runtime} is not installed (pip install {backends.PACKAGES[runtime]})'
+    # the checkpoint fixture's export has model.onnx only where paddle2onnx is
+    return onnx_tools_missing()
+
+
 def _runtime_param(runtime):
     if runtime == 'paddle':
         return runtime
-    if not backends.installed(runtime):
-        reason = f'{runtime} is not installed (pip install {backends.PACKAGES[runtime]})'
-    else:  # the checkpoint fixture's export has model.onnx only where paddle2onnx is
-        reason = onnx_tools_missing()
+    reason = _runtime_missing(runtime)
     return pytest.param(runtime, marks=pytest.mark.skipif(bool(reason), reason=reason))
 
 
@@ -446,6 +453,8 @@ def test_a_model_file_given_for_the_export_names_what_to_pass(checkpoint, tmp_pa
     ({'onnx': {'file': 'model.onnx'}}, 'Deploy.onnx must be a file name such as model.onnx'),
     ({'num_classes': 'many'}, "Deploy.num_classes must be a positive integer, got 'many'"),
     ({'num_classes': 0}, 'Deploy.num_classes must be a positive integer, got 0'),
+    ({'min_input_size': 0}, 'Deploy.min_input_size must be a positive integer, got 0'),
+    ({'min_input_size': '5'}, "Deploy.min_input_size must be a positive integer, got '5'"),
 ])
 def test_a_deploy_yaml_entry_of_the_wrong_kind_is_named(checkpoint, tmp_path, entries, message):
     folder = _copy_export(checkpoint[2], tmp_path / 'export', **entries)
@@ -486,23 +495,89 @@ def test_an_empty_or_cut_short_onnx_file_is_one_line(checkpoint, tmp_path, runti
 
 
 @pytest.mark.parametrize('runtime', EXPORT_BACKENDS)
-def test_an_image_of_a_few_pixels_is_segmented_or_refused_never_misread(checkpoint, runtime):
-    """A 1x1 image, and a 4x9 one after a 7x7 one (OpenVINO gives no output for the first,
-    and the 7x7's output again for the second): labels at the image's size that agree with
-    the dygraph model, or one line."""
+def test_an_image_too_small_for_the_model_is_refused_before_it_runs_in_every_runtime(
+        checkpoint, runtime, monkeypatch):
+    """deploy.yaml's min_input_size (5 for the mini PSANet's output stride 8): a smaller side
+    is one line naming the image and the size to reach, in every runtime, before the runner
+    runs; the smallest size runs and agrees with the dygraph model."""
     model, _, export, _ = checkpoint
+    assert DeployConfig(export).min_input_size == model.min_input_size() == 5
     seg = Segmenter.from_export(export, backend=runtime, cpu_threads=1)
-    for height, width in ((1, 1), (7, 7), (4, 9)):
+    ran, run = [], seg.runner.run
+    monkeypatch.setattr(seg.runner, 'run', lambda batch: ran.append(batch.shape) or run(batch))
+    for height, width in ((1, 1), (4, 9), (9, 4)):
+        with pytest.raises(DeployError) as error:
+            seg([_image(5, 8, 8), _image(height * width, height, width)])
+        assert str(error.value) == (
+            f'image 1: a {width}x{height} network input (after the transforms) is too small for '
+            'this model, which needs at least 5 pixels a side (deploy.yaml\'s min_input_size): '
+            'pass a larger image, or scale it up to at least 5x5 first (cv2.resize).')
+    assert ran == []  # not even the 8x8 image before it
+    for height, width in ((5, 5), (5, 9), (9, 5)):
         image = _image(height * width, height, width)
-        try:
-            label = seg(image)
-        except DeployError as error:
-            assert runtime == 'openvino' and 'it cannot run an input this small' in str(error)
-            continue
-        want = _model_logits(model, _normalized(image))[0]
+        label = seg(image)
         assert label.shape == (height, width)
-        assert_logits_agree(label, want, MINI_PSANET_RTOL, f'{runtime} {height}x{width}',
-                            class_axis=0, min_clear=0.0)
+        assert_logits_agree(label, _model_logits(model, _normalized(image))[0],
+                            MINI_PSANET_RTOL, f'{runtime} {height}x{width}', class_axis=0,
+                            min_clear=0.0)
+
+
+@pytest.mark.skipif(bool(_runtime_missing('openvino')), reason=_runtime_missing('openvino'))
+@pytest.mark.parametrize('cpu_threads', [1, 2])
+def test_the_smallest_input_is_the_smallest_openvino_runs(checkpoint, cpu_threads):
+    """The geometry behind min_input_size, seen in OpenVINO itself (its runner, the check
+    bypassed): a side of 4 fails (no output, or its AvgPool kernel's RuntimeError, depending
+    on the threads), 5 runs."""
+    _, _, export, _ = checkpoint
+    seg = Segmenter.from_export(export, backend='openvino', cpu_threads=cpu_threads)
+    for height, width in ((4, 12), (12, 4), (4, 4)):
+        with pytest.raises((DeployError, RuntimeError)) as error:
+            seg.runner.run(np.zeros((1, 3, height, width), 'float32'))
+        assert 'AvgPool' in str(error.value) or 'cannot run an input this small' in \
+            str(error.value), error.value
+    for height, width in ((5, 12), (12, 5), (5, 5)):
+        assert seg.runner.run(np.zeros((1, 3, height, width), 'float32')).shape == (
+            1, 19, height, width)
+
+
+def test_a_folder_given_as_an_image_is_named_with_a_list_that_works(checkpoint, tmp_path,
+                                                                    monkeypatch):
+    """Refused before any image runs, naming its images and a list to pass instead; that list,
+    evaluated, segments them."""
+    import glob
+    import re
+    import shutil
+    _, seg, _, paths = checkpoint
+    folder = tmp_path / 'photos'
+    folder.mkdir()
+    for name, path in zip(('a.png', 'b.png'), paths):
+        shutil.copy(path, folder / name)
+    ran, run = [], seg.runner.run
+    monkeypatch.setattr(seg.runner, 'run', lambda batch: ran.append(batch.shape) or run(batch))
+
+    def refused(images):
+        with pytest.raises(DeployError) as error:
+            seg(images)
+        return str(error.value)
+
+    message = refused(paths + [str(folder)])  # after a full batch of two and one more
+    assert message == (f'image {folder} is a folder, not an image (2 images in it, such as '
+                       f'{folder}/a.png): pass a list of its images, e.g. '
+                       f"seg(sorted(glob.glob('{folder}/*.png'))).")
+    assert ran == []
+    (folder / 'day').mkdir()
+    shutil.copy(paths[2], folder / 'day' / 'c.png')
+    message = refused(str(folder))
+    assert f"glob.glob('{folder}/**/*.png', recursive=True)" in message, message
+    call = re.search(r'e\.g\. seg\((.*)\)\.$', message).group(1)
+    listed = eval(call, {'glob': glob})  # the suggestion, as the user would paste it
+    assert sorted(listed) == sorted(str(p) for p in (folder / 'a.png', folder / 'b.png',
+                                                     folder / 'day' / 'c.png'))
+    assert [label.shape for label in seg(listed)] == [cv2.imread(p).shape[:2] for p in listed]
+    empty = tmp_path / 'empty'
+    empty.mkdir()
+    assert refused(str(empty)) == (f'image {empty} is a folder, and it holds no images: pass '
+                                   'the path of an image file, or a list of them.')
 
 
 def test_an_image_whose_attention_does_not_fit_is_refused_before_it_runs(checkpoint,

@@ -4,6 +4,7 @@ import hashlib
 import http.server
 import io
 import os
+import pickle
 import tarfile
 import threading
 import zipfile
@@ -17,10 +18,13 @@ from psanet.weights_download import CACHE_ENV, fetch_weights
 
 class _Server:
     """http.server on 127.0.0.1 in a thread, serving ``files`` ({url path: bytes}); a path in
-    ``truncate`` announces its full length but sends half. ``requests`` counts the GETs."""
+    ``truncate`` announces its full length but sends half, one in ``unannounced`` sends half
+    with no Content-Length (the connection closed after it); one in ``html`` is sent as
+    text/html. ``requests`` counts the GETs."""
 
     def __init__(self):
-        self.files, self.truncate, self.requests = {}, set(), []
+        self.files, self.requests = {}, []
+        self.truncate, self.unannounced, self.html = set(), set(), set()
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -31,10 +35,16 @@ class _Server:
                     self.send_error(404)
                     return
                 self.send_response(200)
-                self.send_header('Content-Length', str(len(body)))
+                if self.path in server.html:
+                    self.send_header('Content-Type', 'text/html; charset=utf-8')
+                if self.path in server.unannounced:
+                    self.send_header('Connection', 'close')
+                    self.close_connection = True
+                else:
+                    self.send_header('Content-Length', str(len(body)))
                 self.end_headers()
-                self.wfile.write(body[:len(body) // 2] if self.path in server.truncate
-                                 else body)
+                cut = self.path in server.truncate or self.path in server.unannounced
+                self.wfile.write(body[:len(body) // 2] if cut else body)
 
             def log_message(self, *args):
                 pass
@@ -71,8 +81,16 @@ def _files_in(folder):
         if os.path.isdir(folder) else []
 
 
-WEIGHTS = os.urandom(3 * (1 << 20) + 17)  # more than one read chunk
+def _pdparams(seed, size):
+    """What paddle.save writes for a state_dict: a pickle (protocol 4) of a dict of arrays."""
+    weight = np.frombuffer(np.random.RandomState(seed).bytes(size), np.uint8)
+    return pickle.dumps({'conv.weight': weight, 'StructuredToParameterName@@': {}}, protocol=4)
+
+
+WEIGHTS = _pdparams(0, 3 * (1 << 20) + 17)  # more than one read chunk
 SHA = hashlib.sha256(WEIGHTS).hexdigest()
+WEB_PAGE = (b'<!DOCTYPE html>\n<html><head><title>Sign in</title></head><body>'
+            b'<form action="/login">...</form></body></html>\n')
 
 
 def test_a_url_downloads_once_checked_with_a_progress_bar(server, cache, capfd):
@@ -180,6 +198,159 @@ def test_an_archive_without_weights_or_escaping_itself_leaves_nothing(server, ca
     with pytest.raises(CheckpointError, match='a path outside'):
         fetch_weights(server.url('/evil.tar.gz'))
     assert _files_in(cache) == [] and not os.path.exists(cache.parent / 'model.pdparams')
+
+
+def test_a_web_page_served_as_weights_is_refused_and_not_kept(server, cache):
+    """A login or download page at a .pdparams URL: one line saying it is a web page, nothing
+    in the cache, so that the next run asks the server again."""
+    server.files['/x.pdparams'] = WEB_PAGE
+    server.html.add('/x.pdparams')
+    for attempt in (1, 2):
+        with pytest.raises(CheckpointError) as error:
+            fetch_weights(server.url('/x.pdparams'))
+        message = str(error.value)
+        assert "the download is a web page (it begins '<!DOCTYPE html>" in message, message
+        assert 'not weights: pass the URL of the .pdparams file itself, not of a page that ' \
+            'links to it; nothing was kept in the cache.' in message
+        assert '\n' not in message
+        assert _files_in(cache) == [] and server.requests == ['/x.pdparams'] * attempt
+    # The page without its Content-Type, and any other file that is not a pickle: refused too.
+    server.html.clear()
+    server.files['/y.pdparams'] = b'PK\x03\x04 not weights'
+    for path, begins in (('/x.pdparams', "'<!DOCTYPE html>"), ('/y.pdparams', "'PK\\x03\\x04")):
+        with pytest.raises(CheckpointError, match='not weights') as error:
+            fetch_weights(server.url(path))
+        assert begins in str(error.value), str(error.value)
+    assert _files_in(cache) == []
+
+
+def test_weights_cut_short_without_a_content_length_are_not_kept(server, cache):
+    """Without a Content-Length the length cannot be checked: the pickle must end where
+    paddle.save ends it."""
+    server.files['/cut.pdparams'] = WEIGHTS
+    server.unannounced.add('/cut.pdparams')
+    with pytest.raises(CheckpointError, match='the download is a pickle cut short, not '
+                       'weights: run again') as error:
+        fetch_weights(server.url('/cut.pdparams'))
+    assert 'nothing was kept in the cache' in str(error.value)
+    assert _files_in(cache) == []
+
+
+def test_a_cached_entry_that_is_not_weights_is_downloaded_again(server, cache, caplog):
+    """An entry an older version kept (a web page) is replaced, not loaded."""
+    server.files['/w.pdparams'] = WEIGHTS
+    path = fetch_weights(server.url('/w.pdparams'))
+    with open(path, 'wb') as f:
+        f.write(WEB_PAGE)
+    with caplog.at_level('WARNING', logger='psanet'):
+        assert fetch_weights(server.url('/w.pdparams')) == path
+    assert 'is not weights' in caplog.text and 'downloading it again' in caplog.text
+    with open(path, 'rb') as f:
+        assert f.read() == WEIGHTS
+    assert server.requests == ['/w.pdparams'] * 2 and _files_in(cache) == [
+        os.path.basename(path)]
+
+
+def test_the_checksum_is_part_of_the_cache_entry(server, cache):
+    """A URL whose #sha256= the cached file does not have gets the file checked again: the
+    cache never answers for a checksum it was not checked against."""
+    server.files['/w.pdparams'] = WEIGHTS
+    first = fetch_weights(server.url('/w.pdparams') + f'#sha256={SHA}')
+    wrong = 'f' * 64
+    with pytest.raises(CheckpointError, match=f'has sha256 {SHA}, the URL\'s #sha256= says '
+                       f'{wrong}'):
+        fetch_weights(server.url('/w.pdparams') + f'#sha256={wrong}')
+    assert server.requests == ['/w.pdparams'] * 2
+    # The server's file changes: the new checksum downloads it; the old URL keeps its own.
+    changed = _pdparams(1, 1000)
+    server.files['/w.pdparams'] = changed
+    second = fetch_weights(server.url('/w.pdparams') +
+                           f'#sha256={hashlib.sha256(changed).hexdigest()}')
+    assert second != first and server.requests == ['/w.pdparams'] * 3
+    with open(first, 'rb') as f, open(second, 'rb') as g:
+        assert f.read() == WEIGHTS and g.read() == changed
+
+
+def _member(name, kind, target=''):
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, target
+    return info
+
+
+@pytest.mark.parametrize('member, named', [
+    (_member('psanet/model.pdparams', tarfile.SYMTYPE, '/etc/passwd'),
+     "a link (psanet/model.pdparams -> /etc/passwd)"),
+    (_member('psanet/model.pdparams', tarfile.SYMTYPE, 'weights.bin'),
+     "a link (psanet/model.pdparams -> weights.bin)"),
+    (_member('psanet/model.pdparams', tarfile.LNKTYPE, 'psanet/weights.bin'),
+     "a link (psanet/model.pdparams -> psanet/weights.bin)"),
+    (_member('psanet/fifo', tarfile.FIFOTYPE), "a device or pipe (psanet/fifo)"),
+])
+def test_an_archive_with_a_link_is_refused_and_leaves_nothing(server, cache, tmp_path, member,
+                                                              named):
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode='w:gz') as archive:
+        data = tarfile.TarInfo('psanet/weights.bin')
+        data.size = len(WEIGHTS)
+        archive.addfile(data, io.BytesIO(WEIGHTS))
+        archive.addfile(member)
+    server.files['/linked.tar.gz'] = buffer.getvalue()
+    with pytest.raises(CheckpointError) as error:
+        fetch_weights(server.url('/linked.tar.gz'))
+    message = str(error.value)
+    assert f'the archive holds {named}; it is not unpacked: pass an archive of plain ' \
+           'files' in message, message
+    assert _files_in(cache) == []
+
+
+@pytest.mark.parametrize('pack', [_tar_gz, _zip])
+def test_an_archive_with_an_absolute_path_is_refused_and_writes_nothing_there(server, cache,
+                                                                              tmp_path, pack):
+    outside = tmp_path / 'outside' / 'model.pdparams'
+    name = '/abs.tar.gz' if pack is _tar_gz else '/abs.zip'
+    server.files[name] = pack({str(outside): WEIGHTS})
+    with pytest.raises(CheckpointError) as error:
+        fetch_weights(server.url(name))
+    message = str(error.value)
+    assert f'the archive holds an absolute path ({outside}); it is not unpacked' in message, \
+        message
+    assert _files_in(cache) == [] and not os.path.exists(tmp_path / 'outside')
+
+
+def test_a_zip_with_a_link_is_refused(server, cache):
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, 'w') as archive:
+        link = zipfile.ZipInfo('psanet/model.pdparams')
+        link.external_attr = (0o120777 << 16)  # S_IFLNK, as zip -y stores a symlink
+        archive.writestr(link, '/etc/passwd')
+    server.files['/link.zip'] = buffer.getvalue()
+    with pytest.raises(CheckpointError, match=r'the archive holds a link '
+                       r'\(psanet/model.pdparams -> /etc/passwd\)'):
+        fetch_weights(server.url('/link.zip'))
+    assert _files_in(cache) == []
+
+
+@pytest.mark.parametrize('pack', [_tar_gz, _zip])
+def test_an_archive_with_two_weights_files_names_both_and_leaves_nothing(server, cache, pack):
+    members = {f'docs/page_{i}.txt': b'x' for i in range(8)}  # listed before the weights
+    members.update({'r50/model.pdparams': WEIGHTS, 'r101/model.pdparams': _pdparams(2, 100)})
+    name = '/two.tar.gz' if pack is _tar_gz else '/two.zip'
+    server.files[name] = pack(members)
+    with pytest.raises(CheckpointError) as error:
+        fetch_weights(server.url(name))
+    message = str(error.value)
+    assert 'holds 2 files named model.pdparams (r101/model.pdparams, r50/model.pdparams)' \
+        in message, message
+    assert 'pass an archive with one model.pdparams' in message
+    assert _files_in(cache) == []
+
+
+def test_an_archive_whose_weights_are_a_web_page_leaves_nothing(server, cache):
+    server.files['/page.tar.gz'] = _tar_gz({'psanet/model.pdparams': WEB_PAGE})
+    with pytest.raises(CheckpointError, match=r"psanet/model.pdparams in the archive is a web "
+                       r"page \(it begins '<!DOCTYPE html>.*\), not weights"):
+        fetch_weights(server.url('/page.tar.gz'))
+    assert _files_in(cache) == []
 
 
 def test_model_path_url_loads_the_weights_into_the_model(server, cache, tmp_path):

@@ -22,6 +22,8 @@ __all__ = ['ATTENTION_MEMORY', 'AttentionCost', 'host_memory_available', 'availa
 
 # The deploy.yaml entry export.py writes: {'input_unit': ..., 'bytes_per_element': ...}.
 ATTENTION_MEMORY = 'attention_memory'
+# Where Linux says how much memory new allocations can take (MemAvailable, in KiB).
+MEMINFO = '/proc/meminfo'
 # A suggested window leaves this share of the available memory to the rest of
 # the network (backbone activations, the logits of the whole image).
 _SUGGESTION_SHARE = 0.5
@@ -58,7 +60,7 @@ def host_memory_available():
     """Bytes new allocations on the host can still take (``MemAvailable`` of /proc/meminfo),
     or None where unknown (not Linux)."""
     try:
-        with open('/proc/meminfo') as f:
+        with open(MEMINFO) as f:
             for line in f:
                 if line.startswith('MemAvailable:'):
                     return int(line.split()[1]) * 1024

@@ -7,7 +7,7 @@ import numpy as np
 import yaml
 
 from psanet.contract import (DEFAULT_TRANSFORMS, DEPLOY_FILE, DEPLOY_SECTION, DYNAMIC_INPUT_SHAPE,
-                             PALETTES, read_json)
+                             MIN_INPUT_SIZE, PALETTES, read_json)
 from psanet.errors import DeployError
 
 from .attention_memory import ATTENTION_MEMORY, AttentionCost
@@ -195,11 +195,12 @@ class DeployConfig:
                     not isinstance(value, str) or not value):
                 raise DeployError(f'{path}: Deploy.{key} must be a file name such as {name}, '
                                   f'got {value!r}: fix it or export the model again.')
-        classes = self.dic.get('num_classes')
-        if classes is not None and (isinstance(classes, bool) or not isinstance(classes, int)
-                                    or classes < 1):
-            raise DeployError(f'{path}: Deploy.num_classes must be a positive integer, got '
-                              f'{classes!r}: fix it or export the model again.')
+        for key in ('num_classes', MIN_INPUT_SIZE):
+            value = self.dic.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise DeployError(f'{path}: Deploy.{key} must be a positive integer, got '
+                                  f'{value!r}: fix it or export the model again.')
         for file in (self.model, self.params):
             if not os.path.isfile(file):
                 raise DeployError(f'model file not found: {file} (named by {path}). Export '
@@ -276,6 +277,13 @@ class DeployConfig:
                               f'bytes_per_element, positive integers, got {entry!r}: fix it or '
                               'export the model again.')
         return AttentionCost(*values)
+
+    @property
+    def min_input_size(self):
+        """The smallest side of a network input the exported model runs on in every backend
+        (``PSANet.min_input_size``), or None when deploy.yaml has no ``min_input_size``
+        (another model, or an export that did not write one)."""
+        return self.dic.get(MIN_INPUT_SIZE)
 
     @property
     def holds_custom_op(self):

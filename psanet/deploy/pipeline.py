@@ -19,7 +19,8 @@ from .deploy_config import DeployConfig
 from .attention_memory import check_batch_memory
 from .predictor import (API_ENABLE_MKLDNN, DEFAULT_CPU_THREADS, DEFAULT_DEVICE, PredictorOptions,
                         default_cpu_threads)
-from .processing import postprocess, preprocess, restore_logits
+from .processing import (check_image_file, check_input_size, image_names, postprocess,
+                         preprocess, restore_logits)
 from .backends import create_runner, default_backend
 
 __all__ = ['Pipeline']
@@ -39,6 +40,8 @@ def _as_list(images):
     for i, item in enumerate(items):
         if isinstance(item, os.PathLike):
             items[i] = os.fspath(item)
+        if isinstance(items[i], str):
+            check_image_file(items[i])  # every path, before the first image runs
         elif isinstance(item, np.ndarray):
             _check_array(i, item)
         elif item is None:
@@ -95,7 +98,9 @@ class Pipeline:
             the transforms share a run. Default: 1.
         backend (str, optional): What runs the model, for ``repr``: a backend's name, or
             'dygraph'. Default: None.
-        deploy (DeployConfig, optional): The export the runner runs, if any. Default: None.
+        deploy (DeployConfig, optional): The export the runner runs, if any; an input
+            smaller than its ``min_input_size`` is refused as it is preprocessed.
+            Default: None.
         attention_cost (AttentionCost, optional): What the export's attention maps take,
             checked against the host's free memory before each run. Default: None (not
             checked).
@@ -109,6 +114,7 @@ class Pipeline:
         self.batch_size = _checked_batch_size(batch_size)
         self.backend, self.deploy = backend, deploy
         self._attention, self._workdir = attention_cost, workdir
+        self._min_input_size = deploy.min_input_size if deploy is not None else None
 
     @classmethod
     def from_export(cls, path, backend=None, device=DEFAULT_DEVICE, cpu_threads=None, batch_size=1,
@@ -196,8 +202,10 @@ class Pipeline:
     def preprocess(self, images, names=None):
         """``(batch, infos)`` of images (paths or BGR arrays) of one size after the
         transforms: the float32 ``[N, 3, H, W]`` batch, and per image what
-        ``postprocess`` needs to map the output back to it."""
+        ``postprocess`` needs to map the output back to it. A batch smaller than the
+        export runs on is refused."""
         batch, trans_infos, read = preprocess(images, self.transforms, names)
+        check_input_size(batch, image_names(images, names), self._min_input_size)
         return batch, [(info, image.shape[:2]) for info, image in zip(trans_infos, read)]
 
     def run(self, batch):
@@ -223,7 +231,7 @@ class Pipeline:
 
     def _outputs(self, items):
         """``(output, infos)`` per run: consecutive images of one size, batch_size a run."""
-        names = [item if isinstance(item, str) else f'image {i}' for i, item in enumerate(items)]
+        names = image_names(items)
         group, infos = [], []
         for item, name in zip(items, names):
             batch, info = self.preprocess([item], [name])

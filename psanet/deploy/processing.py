@@ -5,10 +5,55 @@ import os
 import cv2
 import numpy as np
 
-from psanet.contract import OUTPUT_OPS
-from psanet.errors import DeployError, unreadable_image
+from psanet.contract import OUTPUT_OPS, get_image_list
+from psanet.errors import DatasetError, DeployError, unreadable_image
 
-__all__ = ['preprocess', 'postprocess', 'restore_label_map', 'restore_logits']
+__all__ = ['check_image_file', 'check_input_size', 'image_names', 'preprocess', 'postprocess',
+           'restore_label_map', 'restore_logits']
+
+
+def check_image_file(path):
+    """Raises DeployError unless the image path ``path`` is a file: a folder is named as one,
+    with the images it holds and how to pass them."""
+    if os.path.isdir(path):
+        try:
+            images = [image for image, _ in get_image_list(path)]
+        except DatasetError:
+            images = []
+        if not images:
+            raise DeployError(f'image {path} is a folder, and it holds no images: pass the path '
+                              'of an image file, or a list of them.')
+        nested = any(os.path.normpath(os.path.dirname(image)) != os.path.normpath(path)
+                     for image in images)
+        pattern = os.path.join(path, *(['**'] if nested else []),
+                               '*' + os.path.splitext(images[0])[1])
+        listing = f'glob.glob({pattern!r}' + (', recursive=True)' if nested else ')')
+        raise DeployError(f'image {path} is a folder, not an image ({len(images)} images in '
+                          f'it, such as {images[0]}): pass a list of its images, e.g. '
+                          f'seg(sorted({listing})).')
+    if not os.path.isfile(path):
+        # Before cv2.imread, which warns "can't open/read file" on stderr first.
+        raise DeployError(f'image {path} does not exist (cwd {os.getcwd()}): check the path.')
+
+
+def image_names(images, names=None):
+    """What to call each of ``images`` (paths or arrays) in a message: ``names`` when given,
+    else the paths, and "image <i>" for an array."""
+    return names or [image if isinstance(image, str) else f'image {i}'
+                     for i, image in enumerate(images)]
+
+
+def check_input_size(batch, names, min_input_size):
+    """Raises DeployError when the ``[N, 3, H, W]`` network input ``batch`` has a side under
+    ``min_input_size`` (deploy.yaml's: the smallest side the exported model runs on in every
+    backend), naming the image and the size to reach."""
+    height, width = batch.shape[-2:]
+    if min_input_size is None or min(height, width) >= min_input_size:
+        return
+    raise DeployError(f'{", ".join(names)}: a {width}x{height} network input (after the '
+                      f'transforms) is too small for this model, which needs at least {min_input_size} pixels '
+                      f'a side (deploy.yaml\'s min_input_size): pass a larger image, or scale it '
+                      f'up to at least {min_input_size}x{min_input_size} first (cv2.resize).')
 
 
 def preprocess(image_paths, transforms, names=None):
@@ -27,9 +72,8 @@ def preprocess(image_paths, transforms, names=None):
     """
     inputs, infos, images = [], [], []
     for path in image_paths:
-        if not isinstance(path, np.ndarray) and not os.path.isfile(path):
-            # Before cv2.imread, which warns "can't open/read file" on stderr first.
-            raise DeployError(f'image {path} does not exist (cwd {os.getcwd()}): check the path.')
+        if not isinstance(path, np.ndarray):
+            check_image_file(path)
         image = path if isinstance(path, np.ndarray) else cv2.imread(path, cv2.IMREAD_COLOR)
         if image is None:
             raise DeployError(unreadable_image(path, 'check the path, and that the file is a '
@@ -39,8 +83,7 @@ def preprocess(image_paths, transforms, names=None):
         inputs.append(data['img'])
         infos.append(list(data['trans_info']))
     if len({img.shape for img in inputs}) > 1:
-        names = names or [p if isinstance(p, str) else f'image {i}'
-                          for i, p in enumerate(image_paths)]
+        names = image_names(image_paths, names)
         sizes = ', '.join(f'{name} {img.shape[-1]}x{img.shape[-2]}'
                           for name, img in zip(names, inputs))
         raise DeployError(f'the images of one batch must have one size after the transforms, '

@@ -209,6 +209,24 @@ class PSANet(nn.Layer):
         return AttentionMemory(shapes, shape, map_dtype, map_bytes, peak,
                                self.feature_stride * self.head.shrink_factor)
 
+    def min_input_size(self):
+        """The smallest input side the model runs on in every runtime, or None where the
+        backbone's geometry is unknown (a backbone other than ResNet_vd).
+
+        Each stride-2 stage of ResNet_vd opens with a 2x2 average pool (the vd
+        shortcut, ceil_mode). Paddle and onnxruntime pool a one-pixel map; OpenVINO
+        refuses it (its kernel is larger than the map) or gives no output. The last
+        such pool sees the input at half the backbone's stride, so a side needs more
+        pixels than that: 5 at output stride 8, 9 at 16, 17 at 32.
+
+        Returns:
+            int | None
+        """
+        stride = _resnet_vd_stride(self.backbone, -1)
+        if stride is None:
+            return None
+        return stride // 2 + 1 if stride > 4 else 1
+
     def init_weight(self):
         if self.pretrained is None:
             return
