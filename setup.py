@@ -56,6 +56,7 @@ setup(
     # The server's explorer page (serve.py, /explorer/): its HTML, script and style.
     package_data={'psanet.serve': ['explorer/*']},
     python_requires='>=3.9',
+    license_files=['LICENSE', 'NOTICE'],  # into the wheel's metadata and the sdist
     # requirements.txt: what psanet and paddleseg 2.8.0 import. paddleseg itself is not
     # listed, as its declared opencv-python<=4.6 pin forces numpy<2: install it with
     # `pip install --no-deps -r requirements-paddleseg.txt` (README, Install).

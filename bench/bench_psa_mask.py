@@ -31,7 +31,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # compat first: it filters Paddle's "No ccache found" warning before paddle is imported
-# (psanet/compat.py, 1); psanet.ops does not import compat.
+# (psanet.compat.NO_CCACHE_NOTICE); psanet.ops does not import compat.
 from psanet import compat  # noqa: E402,F401
 from psanet.ops import load_library, psa_mask, psa_mask_cpu_threads  # noqa: E402
 

@@ -51,7 +51,7 @@ def main():
         aggregation = 0
         if head.use_psa:
             for branch in head.branches:
-                channels = branch.reduce._conv._out_channels
+                channels = branch.attention[-1].weight.shape[1]  # its input: the reduced map
                 aggregation += channels * positions * positions
         rows.append((os.path.basename(path), count(model), count(model.backbone),
                      count(head), flops, aggregation))

@@ -13,8 +13,8 @@
 #include "psa_mask_common.h"
 
 // ---------------------------------------------------------------------------
-// Paddle-version workarounds: entries 4 and 5 of the list in psanet/compat.py,
-// which names every workaround of the project.
+// Paddle-version workarounds: records ONEDNN_LAYOUT_INPUT (4) and ENFORCE_NOT_MET (5) of
+// psanet/compat/workarounds.py, which records every workaround of the project.
 //
 // 4. TransDataLayoutFromOneDNN, declared by hand and weak (Paddle 3.x with
 //    oneDNN; no upstream issue filed). The CPU predictor with oneDNN hands a

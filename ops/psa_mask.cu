@@ -6,7 +6,8 @@
 std::vector<paddle::Tensor> psa_mask_cuda_forward(const paddle::Tensor& x, int psa_type,
                                                   int mask_h, int mask_w) {
   const auto g = psa_mask::geometry_of(x, mask_h, mask_w);
-  // A copy (shared storage): contiguous() is const only from Paddle 3.1.1 (psanet/compat.py, 12).
+  // A copy (shared storage): contiguous() is const only from Paddle 3.1.1
+  // (psanet.compat.CONST_CONTIGUOUS).
   const auto input = paddle::Tensor(x).contiguous();
   auto y = psa_mask::empty_y(g, x);
   PD_DISPATCH_FLOATING_AND_HALF_TYPES(x.type(), "psa_mask_cuda_forward", ([&] {

@@ -342,7 +342,7 @@ def watch_rendezvous(launcher, args, timeout):
 
 def restart_own_failure():
     """Makes Paddle's elastic launcher restart, not end, when its own pod fails
-    (psanet/compat.py, entry 24).
+    (psanet.compat.ELASTIC_OWN_FAILURE).
 
     ``controllers/controller.py:ControllerBase.watch`` marks the launcher FAILED (a done
     state), deletes the job's heartbeat keys in the etcd and stops its pod, and counts on

@@ -184,7 +184,7 @@ def test_readme_command_scores_the_instance_iou_counted_here(official):
 
 
 def test_the_in1d_numpy_lost_is_still_what_the_evaluator_calls():
-    """Workaround 11 of psanet/compat.py: fails once cityscapesScripts stops calling
+    """psanet.compat.NUMPY_IN1D: fails once cityscapesScripts stops calling
     np.in1d (then delete the workaround and run csEvalPixelLevelSemanticLabeling directly)."""
     import inspect
     from cityscapesscripts.evaluation import evalPixelLevelSemanticLabeling
@@ -193,7 +193,7 @@ def test_the_in1d_numpy_lost_is_still_what_the_evaluator_calls():
 
 @pytest.mark.parametrize('invert', [False, True])
 def test_the_in1d_given_back_is_numpys_old_one(invert):
-    from psanet.compat import _in1d
+    from psanet.compat.fixes import _in1d
     rng = np.random.default_rng(0)
     values, members = rng.integers(0, 10, (6, 7)), [1, 3, 3, 8]
     expected = np.array([(v in set(members)) != invert for v in values.ravel()])

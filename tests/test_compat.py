@@ -1,4 +1,7 @@
-"""psanet.compat: each fixed paddleseg component against an independent numpy computation."""
+"""psanet.compat: each fix against an independent computation, and each record's gate against
+what this Paddle does (tests/test_compat_records.py checks the records themselves)."""
+import ast
+import dataclasses
 import os
 import re
 import subprocess
@@ -16,6 +19,7 @@ import psanet.models  # noqa: F401  (applies the paddleseg fixes, as a config bu
 from psanet import compat
 
 IGNORE = 255
+EPS = 1e-8  # CrossEntropyLoss.EPS, in the denominator
 
 
 def _logits_and_labels(seed, num_classes=4, shape=(2, 5, 7)):
@@ -26,29 +30,54 @@ def _logits_and_labels(seed, num_classes=4, shape=(2, 5, 7)):
     return logits, labels
 
 
-def _numpy_cross_entropy(logits, labels, weight=None):
-    """Mean of w[y] * -log softmax(x)[y] over non-ignored pixels, divided by the mean weight."""
+def _numpy_cross_entropy(logits, labels, weight=None, top_k=1.0, avg_non_ignore=True,
+                         pixel_weight=None):
+    """paddleseg's CrossEntropyLoss in float64 numpy: l = w[y] * -log softmax(x)[y] per
+    pixel (0 where ignored), times the pixel's weight; with top_k < 1 the mean of the k
+    largest l over the mean w[y] of their pixels; else the mean l over the mean w[y] of the
+    counted pixels (the scored ones, or with avg_non_ignore False all, an ignored pixel
+    counting with class 0's weight)."""
     num_classes = logits.shape[1]
     weight = np.ones(num_classes) if weight is None else np.asarray(weight, np.float64)
     x = np.moveaxis(logits.astype(np.float64), 1, -1).reshape(-1, num_classes)
     y = labels.reshape(-1)
-    keep = y != IGNORE
-    x, y = x[keep], y[keep]
+    scored = y != IGNORE
+    y = np.where(scored, y, 0)
     log_prob = x - x.max(1, keepdims=True)
     log_prob -= np.log(np.exp(log_prob).sum(1, keepdims=True))
-    nll = -log_prob[np.arange(len(y)), y]
-    return (weight[y] * nll).sum() / weight[y].sum()
+    pixel_loss = np.where(scored, -weight[y] * log_prob[np.arange(len(y)), y], 0.0)
+    if pixel_weight is not None:
+        pixel_loss = pixel_loss * pixel_weight.reshape(-1)
+    if top_k < 1.0:
+        hardest = np.argsort(-pixel_loss, kind='stable')[:int(top_k * len(y))]
+        return pixel_loss[hardest].mean() / (weight[y][hardest].mean() + EPS)
+    counted = scored if avg_non_ignore else np.ones_like(scored)
+    return pixel_loss.mean() / ((counted * weight[y]).mean() + EPS)
 
 
 @pytest.mark.parametrize('weight', [None, [0.5, 1.0, 2.0, 1.5]])
-def test_cross_entropy_matches_numpy(weight):
+@pytest.mark.parametrize('top_k', [1.0, 0.3])
+@pytest.mark.parametrize('avg_non_ignore', [True, False])
+def test_cross_entropy_matches_numpy(weight, top_k, avg_non_ignore):
     logits, labels = _logits_and_labels(seed=1)
-    loss = CrossEntropyLoss(weight=weight, ignore_index=IGNORE)(
-        paddle.to_tensor(logits), paddle.to_tensor(labels))
+    loss = CrossEntropyLoss(weight=weight, ignore_index=IGNORE, top_k_percent_pixels=top_k,
+                            avg_non_ignore=avg_non_ignore)
+    # 70 pixels, 21 of them the top 30%: fewer than the ~56 scored ones, so the top ones are
+    # scored, their losses apart, and the ranking the same in float32 and float64.
+    got = loss(paddle.to_tensor(logits), paddle.to_tensor(labels))
     # float32 log-softmax of 4 classes and a mean over ~56 pixels against float64: about
     # sqrt(56) eps32 = 1e-6 relative in any order of the sums; 1e-5 leaves a margin.
-    np.testing.assert_allclose(float(loss), _numpy_cross_entropy(logits, labels, weight),
-                               rtol=1e-5)
+    np.testing.assert_allclose(float(got), _numpy_cross_entropy(
+        logits, labels, weight, top_k, avg_non_ignore), rtol=1e-5)
+
+
+def test_cross_entropy_with_pixel_weights_matches_numpy():
+    logits, labels = _logits_and_labels(seed=5)
+    pixel_weight = np.random.default_rng(6).uniform(0.5, 2, labels.shape).astype('float32')
+    got = CrossEntropyLoss(weight=[0.5, 1.0, 2.0, 1.5])(
+        paddle.to_tensor(logits), paddle.to_tensor(labels), paddle.to_tensor(pixel_weight))
+    np.testing.assert_allclose(float(got), _numpy_cross_entropy(
+        logits, labels, [0.5, 1.0, 2.0, 1.5], pixel_weight=pixel_weight), rtol=1e-5)
 
 
 def test_cross_entropy_gradient_matches_finite_differences():
@@ -70,92 +99,82 @@ def test_cross_entropy_gradient_matches_finite_differences():
     np.testing.assert_allclose(x.grad.numpy(), numeric, atol=1e-4)
 
 
-def _numpy_areas(pred, label, num_classes):
-    keep = label != IGNORE
-    confusion = np.bincount(label[keep] * num_classes + pred[keep],
-                            minlength=num_classes**2).reshape(num_classes, num_classes)
-    return np.diag(confusion), confusion.sum(0), confusion.sum(1)
+def _raises(call):
+    try:
+        call()
+    except (TypeError, ValueError):
+        return True
+    return False
 
 
-def test_calculate_area_matches_numpy_confusion():
-    rng = np.random.default_rng(3)
-    num_classes = 5
-    label = rng.integers(0, num_classes, size=(2, 1, 9, 11))
-    label[rng.random(label.shape) < 0.25] = IGNORE
-    pred = rng.integers(0, num_classes, size=label.shape)
-    areas = metrics.calculate_area(paddle.to_tensor(pred, dtype='int32'),
-                                   paddle.to_tensor(label, dtype='int64'), num_classes, IGNORE)
-    for got, expected in zip(areas, _numpy_areas(pred, label, num_classes)):  # counts: exact
-        assert got.shape == [num_classes]
-        np.testing.assert_array_equal(got.numpy(), expected)
-
-
-@pytest.mark.parametrize('owner, name', [(o, n) for o, n, _ in compat.FIXES])
-def test_original_is_still_broken_on_this_paddle(owner, name):
-    """If paddleseg or Paddle fixes the bug, the patch in psanet.compat can go."""
-    original = compat.ORIGINALS[(owner, name)]
+def test_paddleseg_cross_entropy_is_still_broken_on_this_paddle():
+    """If paddleseg or Paddle fixes it, this fails: set the record's ``fixed`` release."""
+    key = (CrossEntropyLoss, '_post_process_loss')
+    original = compat.ORIGINALS.get(key, CrossEntropyLoss._post_process_loss)
     logits, labels = _logits_and_labels(seed=4)
-    with pytest.raises((TypeError, ValueError)):
-        if name == 'calculate_area':
-            original(paddle.to_tensor(labels[:, None] % 4), paddle.to_tensor(labels[:, None]), 4)
-        else:
-            loss = CrossEntropyLoss(weight=[1.0, 2.0, 1.0, 1.0])
-            x = paddle.transpose(paddle.to_tensor(logits), [0, 2, 3, 1])
-            label = paddle.to_tensor(labels)
-            original(loss, x, label, None, paddle.nn.functional.cross_entropy(
-                x, label, ignore_index=IGNORE, reduction='none'))
+    x = paddle.transpose(paddle.to_tensor(logits), [0, 2, 3, 1])
+    label = paddle.to_tensor(labels)
+    for weight in (None, [1.0, 2.0, 1.0, 1.0]):
+        loss = CrossEntropyLoss(weight=weight)
+        pixel_losses = paddle.nn.functional.cross_entropy(
+            x, label, ignore_index=IGNORE, reduction='none', weight=loss.weight)
+        broken = _raises(lambda: original(loss, x, label, None, pixel_losses))
+        assert broken == compat.PADDLESEG_CROSS_ENTROPY.needed(), weight
+    assert bool(compat.FIXES) == compat.PADDLESEG_CROSS_ENTROPY.needed()
+
+
+def test_paddleseg_calculate_area_is_still_broken_where_its_record_says():
+    """psanet.core.metrics counts the areas itself: when this fails, paddleseg's works again
+    and the record can go."""
+    labels = _logits_and_labels(seed=4)[1][:, None]
+    broken = _raises(lambda: metrics.calculate_area(paddle.to_tensor(labels % 4),
+                                                    paddle.to_tensor(labels), 4))
+    assert broken == compat.PADDLESEG_CALCULATE_AREA.needed()
 
 
 # ---------------------------------------------------------------------------
 # The Paddle workarounds: version checks, configure_inference, the op build names
 # ---------------------------------------------------------------------------
 
+def _gate(**gate):
+    return dataclasses.replace(compat.MEMORY_OPTIM, **gate)
+
+
 def test_version_checks_cover_first_to_fixed():
-    workaround = compat.Workaround('issue', first=(3, 0), fixed=(3, 4))
+    workaround = _gate(first=(3, 0), fixed=(3, 4))
     assert [workaround.needed(v) for v in [(2, 6, 2), (3, 0, 0), (3, 3, 1), (3, 4, 0)]] == \
         [False, True, True, False]
-    assert compat.Workaround('open issue', first=(3, 0)).needed((9, 9))
-    paddleseg_fix = compat.Workaround('issue', first=(2, 6), paddleseg=(2, 8, 0))
+    assert _gate(first=(3, 0)).needed((9, 9))
+    paddleseg_fix = _gate(first=(2, 6), paddleseg=(2, 8, 0))
     assert paddleseg_fix.needed((3, 3, 1), (2, 8, 0))
     assert not paddleseg_fix.needed((3, 3, 1), (2, 9, 0))
     assert not paddleseg_fix.needed((2, 5, 2), (2, 8, 0))
     # The release a record names as fixed no longer needs it, however it is written.
     for fixed in ((3, 4), (3, 4, 0)):
-        record = compat.Workaround('issue', first=(3, 0), fixed=fixed)
+        record = _gate(first=(3, 0), fixed=fixed)
         assert not record.needed((3, 4)) and not record.needed((3, 4, 0))
         assert record.needed((3, 3, 9))
+    # A record without a gate is done on every release.
+    assert _gate(first=None).needed((2, 0)) and _gate(first=None).needed((9, 9))
     # A develop build reports 0.0.0 and is newer than any release.
     assert compat.parse_version('0.0.0') > compat.parse_version('3.3.1') == (3, 3, 1)
     assert compat.parse_version('3.0.0rc1') == (3, 0, 0)
 
 
-# What each version-gated record was measured to need, on the releases the gates were set
-# from (the module docstring's entries; a release left out was not run for that entry).
-MEASURED = {
-    'CONST_CONTIGUOUS': {(3, 0, 0): True, (3, 1, 1): False},       # 12: the header's const
-    'GATHER_AXIS_GRADIENT': {(3, 0, 0): True, (3, 1, 1): False},   # 13: right from 3.1.0
-    'AMP_STATE_API': {(3, 1, 1): True, (3, 2, 2): False},          # 14: the API from 3.2.0
-    'PLACE_KIND': {(3, 0, 0): True, (3, 1, 1): False},             # 15
-    'JIT_SAVE_FORWARD': {(3, 0, 0): True, (3, 1, 1): False},       # 16
-    'PARAMETERLESS_PROGRAM': {(3, 0, 0): True, (3, 1, 1): False},  # 17: 3.1.1 runs it
-    'CPU_TENSOR_STREAM': {(3, 0, 0): True, (3, 1, 1): False},      # 18: 3.1.1 exports it
-    'FREE_GPU_MEMORY': {(3, 2, 2): True, (3, 3, 1): False},        # 19: 3.3.1 has it, 3.2.2 not
-}
-
-
-@pytest.mark.parametrize('name', sorted(MEASURED))
-def test_each_gate_says_what_was_measured_on_the_releases_it_names(name):
+@pytest.mark.parametrize('record', [r for r in compat.WORKAROUNDS if r.measured],
+                         ids=lambda record: record.name)
+def test_each_gate_says_what_was_measured_on_the_releases_it_names(record):
     """Read on the measured releases, not only on the installed one: a gate set a release
-    early or late (fixed=(3, 2) for 19) passes the test of this Paddle, not this one."""
-    record = getattr(compat, name)
-    got = {release: record.needed(release) for release in MEASURED[name]}
-    assert got == MEASURED[name], f'{name} {record}'
+    early or late (fixed=(3, 2) for FREE_GPU_MEMORY) passes the test of this Paddle, not
+    this one."""
+    assert {release: record.needed(release) for release, _ in record.measured} == \
+        dict(record.measured), record
 
 
 def test_the_elastic_launcher_still_ends_on_its_own_failure_where_its_record_says():
-    """24: Paddle's launcher marks its own pod's failure FAILED (a done state), and its wait
-    for peers stops in a done state, so only an etcd event makes it restart: once Paddle
-    changes either, the record needs its ``fixed`` release."""
+    """ELASTIC_OWN_FAILURE: Paddle's launcher marks its own pod's failure FAILED (a done
+    state), and its wait for peers stops in a done state, so only an etcd event makes it
+    restart: once Paddle changes either, the record needs its ``fixed`` release."""
     import inspect
     from paddle.distributed.launch.controllers.controller import ControllerBase
     from paddle.distributed.launch.controllers.master import ETCDMaster
@@ -179,13 +198,6 @@ def test_psanet_launch_makes_its_own_failure_a_restart(tmp_path):
     result = run_process([sys.executable, "-c", code], capture_output=True, text=True,
                             cwd=tmp_path, env=dict(os.environ, PYTHONPATH=ROOT), timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-
-
-def test_the_measured_releases_are_the_documented_ones():
-    releases = {r for measured in MEASURED.values() for r in measured}
-    said = re.search(r'The gates were set from runs on\s+Paddle ([\d.]+), ([\d.]+), ([\d.]+) '
-                     r'and ([\d.]+)\.', compat.__doc__)
-    assert releases == {compat.parse_version(v) for v in said.groups()}
 
 
 class _ConvInterp(paddle.nn.Layer):
@@ -266,7 +278,9 @@ def test_importing_compat_imports_no_paddleseg():
     result = run_process([sys.executable, '-c', code], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split('\n')[-2] == "['psanet', 'psanet.compat']", result.stdout
+    loaded = ast.literal_eval(result.stdout.split('\n')[-2])
+    assert loaded[:2] == ['psanet', 'psanet.compat'], result.stdout
+    assert all(m.startswith('psanet.compat.') for m in loaded[2:]), result.stdout
     assert 'ccache' not in result.stderr.lower(), result.stderr
 
 
@@ -284,7 +298,8 @@ def _stderr_of(code):
 
 
 def test_batchnorm_notice_is_still_printed_by_this_paddle():
-    """20: when this fails, Paddle no longer prints the notice: delete BATCHNORM_NOTICE."""
+    """BATCHNORM_TRACKING_NOTICE: when this fails, Paddle no longer prints the notice:
+    delete BATCHNORM_NOTICE and its record."""
     assert compat.BATCHNORM_NOTICE in _stderr_of(_BATCHNORM_FORWARD)
 
 
@@ -303,8 +318,9 @@ def test_importing_compat_or_the_engine_package_loads_no_paddle():
     result = run_process([sys.executable, '-c', code], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=300)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split('\n')[-2] == "['psanet', 'psanet.compat', 'psanet.core']", \
-        result.stdout
+    loaded = [m for m in ast.literal_eval(result.stdout.split('\n')[-2])
+              if not m.startswith('psanet.compat.')]
+    assert loaded == ['psanet', 'psanet.compat', 'psanet.core'], result.stdout
 
 
 @pytest.mark.parametrize('module', ['psanet.models', 'psanet.core.config'])
@@ -324,11 +340,11 @@ def test_the_training_stack_without_paddleseg_says_what_to_install(module, missi
 
 
 # ---------------------------------------------------------------------------
-# Paddle 3.0 to 3.2 (entries 12 to 16): each record against what this Paddle does
+# Paddle 3.0 to 3.2: each record against what this Paddle does
 # ---------------------------------------------------------------------------
 
 def test_const_contiguous_record_matches_this_paddles_header():
-    """12: the op calls contiguous() on a copy while some supported Paddle declares it
+    """CONST_CONTIGUOUS: the op calls contiguous() on a copy while some supported Paddle declares it
     non-const; this fails when the record disagrees with the installed header."""
     header = os.path.join(os.path.dirname(paddle.__file__), 'include', 'paddle', 'phi', 'api',
                           'include', 'tensor.h')
@@ -345,7 +361,7 @@ def _gradient_of_weighted_sum(select, x, index, weight):
 
 
 def test_gather_gradient_is_wrong_where_its_record_says():
-    """13: d/dx of sum(w * x[:, index]) is w scattered back to index, row by row
+    """GATHER_AXIS_GRADIENT: d/dx of sum(w * x[:, index]) is w scattered back to index, row by row
     (numpy's add.at); paddle.gather(axis=1) gets it wrong on 3.0.0, index_select nowhere."""
     rng = np.random.default_rng(13)
     x = rng.standard_normal((3, 5))
@@ -362,7 +378,8 @@ def test_gather_gradient_is_wrong_where_its_record_says():
 
 
 def test_amp_state_api_record_matches_this_paddle():
-    """14: fails once paddle.amp has is_autocast_enabled where the record says it has not."""
+    """AMP_STATE_API: fails once paddle.amp has is_autocast_enabled where the record says
+    it has not."""
     has_api = all(hasattr(paddle.amp, name)
                   for name in ('is_autocast_enabled', 'get_autocast_dtype'))
     assert has_api == (not compat.AMP_STATE_API.needed())
@@ -375,21 +392,21 @@ def test_autocast_dtype_reads_the_state_autocast_set(monkeypatch, on, name):
     expected = name if on else None
     with autocast_state(on, name):
         assert compat.autocast_dtype() == expected
-        monkeypatch.setattr(compat, 'AMP_STATE_API', compat.Workaround('test', first=(0,)))
+        monkeypatch.setattr(compat.fixes, 'AMP_STATE_API', _gate(first=(0,)))
         assert compat.autocast_dtype() == expected
         if hasattr(paddle.amp, 'is_autocast_enabled'):
             assert paddle.amp.is_autocast_enabled() == on
 
 
 def test_place_kind_record_matches_this_paddle():
-    """15: fails once the place classes have is_gpu_place where the record says not."""
+    """PLACE_KIND: fails once the place classes have is_gpu_place where the record says not."""
     assert hasattr(paddle.CPUPlace(), 'is_gpu_place') == (not compat.PLACE_KIND.needed())
 
 
 def test_generic_place_says_what_a_place_is(monkeypatch):
     paddle.set_device('cpu')
-    for record in (compat.PLACE_KIND, compat.Workaround('test', first=(0,))):
-        monkeypatch.setattr(compat, 'PLACE_KIND', record)
+    for record in (compat.PLACE_KIND, _gate(first=(0,))):
+        monkeypatch.setattr(compat.fixes, 'PLACE_KIND', record)
         for place in (compat.generic_place(), compat.generic_place(paddle.CPUPlace()),
                       compat.generic_place(paddle.zeros([1]).place)):
             assert place.is_cpu_place() and not place.is_gpu_place()
@@ -419,8 +436,8 @@ def _save_wrapped(model, path):
 
 
 def test_jit_save_replaces_the_inner_forward_where_its_record_says(tmp_path):
-    """16: fails once paddle.jit.save leaves the wrapped Layer's forward alone where the
-    record says it does not (or replaces it where it says it does not)."""
+    """JIT_SAVE_FORWARD: fails once paddle.jit.save leaves the wrapped Layer's forward
+    alone where the record says it does not (or replaces it where it says it does not)."""
     model = _Logits()
     model.eval()
     _save_wrapped(model, str(tmp_path / 'model'))
@@ -450,8 +467,8 @@ class _Double(paddle.nn.Layer):
 
 
 def test_parameterless_program_fails_in_the_predictor_where_its_record_says(tmp_path):
-    """17: fails once the predictor runs a program without parameters where the record
-    says it cannot (the tests then need no parameter of 1)."""
+    """PARAMETERLESS_PROGRAM: fails once the predictor runs a program without parameters
+    where the record says it cannot (the tests then need no parameter of 1)."""
     path = str(tmp_path / 'double')
     spec = [paddle.static.InputSpec([None, 3], 'float32', 'x')]
     paddle.jit.save(paddle.jit.to_static(_Double(), input_spec=spec, full_graph=True), path)
@@ -465,8 +482,8 @@ def test_parameterless_program_fails_in_the_predictor_where_its_record_says(tmp_
 
 @pytest.mark.skipif(paddle.is_compiled_with_cuda(), reason='a record of the CPU builds')
 def test_cpu_paddle_exports_tensor_stream_where_its_record_says():
-    """18: fails once this CPU Paddle exports paddle::Tensor::stream() where the record
-    says it does not (tests/test_psa_mask_build.py then loads the CUDA library)."""
+    """CPU_TENSOR_STREAM: fails once this CPU Paddle exports paddle::Tensor::stream() where
+    the record says it does not (tests/test_psa_mask_build.py then loads the CUDA library)."""
     import ctypes
     core = ctypes.CDLL(paddle.base.libpaddle.__file__)
     assert hasattr(core, '_ZNK6paddle6Tensor6streamEv') == (not compat.CPU_TENSOR_STREAM.needed())
@@ -532,7 +549,8 @@ def _stderr_of_args(code, *args):
 
 
 def test_paddleseg_builder_still_prints_each_config_as_yaml():
-    """21: when this fails, paddleseg no longer prints it: delete quiet_builder_messages."""
+    """BUILDER_YAML: when this fails, paddleseg no longer prints it: delete
+    quiet_builder_messages and its record."""
     out = _python('from paddleseg.cvlibs.builder import Builder\n'
                   "Builder.show_msg('model', {'type': 'PSANet'})\n").stdout
     assert compat.BUILDER_MESSAGE + ' model' in out, out
@@ -559,7 +577,8 @@ _PIR_ADD = ('import os, sys, tempfile\n'
 
 
 def test_paddle_still_logs_pir_out_tensor_and_the_filter_drops_only_it(tmp_path):
-    """22: when the first assertion fails, Paddle no longer logs it: delete PIR_OUT_TENSOR."""
+    """PIR_OUT_TENSOR_LINE: when the first assertion fails, Paddle no longer logs it:
+    delete PIR_OUT_TENSOR and its record."""
     script = tmp_path / 'pir_add.py'  # a file: paddle.jit.save reads the forward's source
     script.write_text(_PIR_ADD)
     unfiltered = _stderr_of_args(str(script))
@@ -570,8 +589,8 @@ def test_paddle_still_logs_pir_out_tensor_and_the_filter_drops_only_it(tmp_path)
 
 
 def test_onnxruntime_still_logs_removing_initializer_on_the_int8_preprocessing(tmp_path):
-    """23: when this fails, onnxruntime no longer logs it for our export: delete
-    ORT_UNUSED_INITIALIZER and its filter in psanet/export.py."""
+    """ORT_INITIALIZER_LINES: when this fails, onnxruntime no longer logs it for our
+    export: delete ORT_UNUSED_INITIALIZER, its filter in psanet/export.py and its record."""
     from psanet.export import ExportOptions, export_model, onnx_tools_installed
     if not onnx_tools_installed():
         pytest.skip('paddle2onnx / onnxruntime not installed')

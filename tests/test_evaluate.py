@@ -66,6 +66,31 @@ def test_metrics_match_numpy_confusion():
     assert got['class_iou'][5] == 0
 
 
+def test_class_areas_count_each_pixel_as_paddleseg_defines_the_areas():
+    """Class i's intersection is label i predicted as i, its prediction area every scored
+    pixel predicted as i (a label outside the classes included: a false positive), its label
+    area label i; ignored pixels count nowhere. Counted here a pixel at a time."""
+    rng = np.random.default_rng(7)
+    num_classes = 5
+    label = rng.integers(0, num_classes + 2, size=(2, 1, 9, 11))  # 5, 6: no class
+    label[rng.random(label.shape) < 0.25] = IGNORE
+    pred = rng.integers(0, num_classes, size=label.shape)
+    expected = np.zeros((3, num_classes), dtype='int64')
+    for p, t in zip(pred.ravel(), label.ravel()):
+        if t != IGNORE:
+            expected[1, p] += 1
+            if t < num_classes:
+                expected[0, t] += p == t
+                expected[2, t] += 1
+    for given in ((paddle.to_tensor(pred, dtype='int32'), paddle.to_tensor(label)),
+                  (pred[:, 0], label[:, 0]), (pred, label[:, 0])):
+        got = class_areas(*given, num_classes)
+        assert got.dtype == np.int64
+        np.testing.assert_array_equal(got, expected)
+    with pytest.raises(ValueError, match='class_areas: pred has 198 pixels but label has 99'):
+        class_areas(pred, label[:1], num_classes)
+
+
 @pytest.fixture
 def toy(tmp_path):
     root = helpers.write_toy_dataset(str(tmp_path / 'toy'), num_train=2, num_val=5)

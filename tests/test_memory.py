@@ -189,8 +189,8 @@ def test_a_crop_fits_and_one_more_position_would_not():
 
 
 def test_free_gpu_memory_record_matches_this_paddle():
-    """19: fails once paddle.cuda.mem_get_info exists where the record says not, or is gone
-    where it says it is there."""
+    """FREE_GPU_MEMORY: fails once paddle.cuda.mem_get_info exists where the record says
+    not, or is gone where it says it is there."""
     has_api = hasattr(getattr(paddle, 'cuda', None), 'mem_get_info')
     assert has_api == (not compat.FREE_GPU_MEMORY.needed())
 

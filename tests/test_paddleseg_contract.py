@@ -29,7 +29,7 @@ from psanet.core.options import InferenceOptions
 # PaddleSeg 2.8's deploy/python/infer.py, `--device cpu --print_detail False`, restated
 # from its source: Predictor._init_base_config, _init_cpu_config, run, _preprocess and
 # _save_imgs (without --with_argmax: the export's argmax is saved as it comes). Two
-# lines differ, each for a Paddle 3.3 bug, as psanet/compat.py says.
+# lines differ, each for a Paddle 3.3 bug, as psanet.compat's records say.
 # argv: deploy.yaml, save_dir, enable_mkldnn (True|False), batch_size, image paths...
 PADDLESEG_INFER = r'''
 import json

@@ -457,7 +457,7 @@ def test_cuda_library_links_the_launchers_and_cudart(cuda_library):
 
 @pytest.mark.skipif(not paddle.is_compiled_with_cuda() and compat.CPU_TENSOR_STREAM.needed(),
                     reason='the CPU build of this Paddle does not export paddle::Tensor::stream(), '
-                           'which the CUDA launchers call (psanet/compat.py, 18)')
+                           'which the CUDA launchers call (psanet.compat.CPU_TENSOR_STREAM)')
 def test_cuda_library_loads_and_runs_the_op(cuda_library, tmp_path):
     """Every symbol resolves (RTLD_NOW), and the loader uses the library: on CPU, and
     on the GPU where Paddle sees one."""

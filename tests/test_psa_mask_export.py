@@ -47,7 +47,7 @@ class AttentionBlock(paddle.nn.Layer):
 class RawPSAMask(paddle.nn.Layer):
     """psa_mask straight on the input, channels left dynamic: errors reach the kernel.
     Times a parameter of 1: Paddle 3.0.0's predictor needs a parameter file
-    (psanet/compat.py, 17)."""
+    (psanet.compat.PARAMETERLESS_PROGRAM)."""
 
     def __init__(self):
         super().__init__()

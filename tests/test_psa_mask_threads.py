@@ -103,7 +103,7 @@ def test_a_new_process_takes_omp_num_threads_else_one(omp_num_threads, expected)
 
 class RawPSAMask(paddle.nn.Layer):
     """Times a parameter of 1: Paddle 3.0.0's predictor needs a parameter file
-    (psanet/compat.py, 17)."""
+    (psanet.compat.PARAMETERLESS_PROGRAM)."""
 
     def __init__(self):
         super().__init__()

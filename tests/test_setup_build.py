@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import tarfile
 import zipfile
 
 import pytest
@@ -43,6 +44,9 @@ def test_wheel_carries_the_op_and_the_installed_package_uses_it(tmp_path):
     # The server's page, which is no Python module: package_data carries it.
     assert {'psanet/serve/explorer/index.html', 'psanet/serve/explorer/explorer.js',
             'psanet/serve/explorer/explorer.css'} <= set(names)
+    # The license and the notice, in the metadata (under licenses/ from metadata 2.4).
+    for name in ('LICENSE', 'NOTICE'):
+        assert [n for n in names if re.fullmatch(rf'psanet-[^/]+\.dist-info/(licenses/)?{name}', n)]
 
     site = tmp_path / 'site'
     run_process([sys.executable, '-m', 'pip', 'install', '--no-deps', '-q', '--target',
@@ -81,3 +85,33 @@ def test_the_installed_package_imports_from_any_folder(tmp_path):
     found = os.path.realpath(result.stdout.strip().splitlines()[-1])
     editable = os.path.realpath(os.path.join(ROOT, 'psanet', '__init__.py'))
     assert found == editable or 'site-packages' in found, found
+
+
+def test_the_sdist_carries_the_license_and_the_notice(tmp_path):
+    run_process([sys.executable, 'setup.py', '-q', 'egg_info', '--egg-base', str(tmp_path),
+                 'sdist', '-d', str(tmp_path / 'dist')], check=True, cwd=ROOT,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sdist, = glob.glob(str(tmp_path / 'dist' / 'psanet-*.tar.gz'))
+    with tarfile.open(sdist) as archive:
+        names = {name.split('/', 1)[1] for name in archive.getnames() if '/' in name}
+    assert {'LICENSE', 'NOTICE'} <= names
+    with open(os.path.join(ROOT, 'LICENSE')) as f:
+        assert 'Apache License\n                           Version 2.0' in f.read(200)
+
+
+def _requirement_names():
+    names = set()
+    for path in glob.glob(os.path.join(ROOT, 'requirements*.txt')):
+        with open(path) as f:
+            for line in f:
+                name = re.match(r'[A-Za-z0-9_.-]+', line.split('#')[0].strip())
+                if name and not line.startswith('-'):
+                    names.add(name.group())
+    return names
+
+
+def test_notice_names_every_requirement_with_its_license():
+    with open(os.path.join(ROOT, 'NOTICE')) as f:
+        listed = {m.group(1).lower() for m in re.finditer(r'^  (\S+)\s+(\S+)', f.read(), re.M)}
+    assert {'paddlepaddle', 'paddleseg', 'cityscapesscripts', 'opencv-python'} <= listed
+    assert not {name for name in _requirement_names() if name.lower() not in listed}

@@ -6,7 +6,7 @@
 The same as cityscapesScripts' ``csEvalPixelLevelSemanticLabeling`` (same
 environment variables, same output), with numpy's ``in1d``, which numpy 2.4
 removed and the evaluator still calls, given back in this process
-(psanet/compat.py, workaround 11). Without ground truth or predictions to pair
+(psanet.compat.NUMPY_IN1D). Without ground truth or predictions to pair
 it exits 2 naming the two variables, where the evaluator would report NaNs.
 """
 import argparse

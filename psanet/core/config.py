@@ -24,6 +24,7 @@ from psanet import compat
 compat.require_paddleseg()  # one line naming what to install, before paddleseg's ImportError
 
 from paddleseg.cvlibs import Config, SegBuilder, manager  # noqa: E402
+from paddleseg.cvlibs.config import parse_from_yaml  # noqa: E402
 
 import psanet.models  # noqa: F401,E402  (registers PSANet; the paddleseg fixes)
 from psanet.data.validate import check_dataset_config, validate_dataset  # noqa: E402
@@ -161,7 +162,7 @@ def _check_types(node, where, registries, path):
                 else:
                     hint = f'known: {", ".join(names[:12])}' + (
                         f' and {len(names) - 12} more' if len(names) > 12 else '') + '.'
-                registry_names = '/'.join(r._name for r in registries)
+                registry_names = '/'.join(r.name for r in registries)
                 raise ConfigError(f'config {path}: {where}.type {kind!r} is not a registered '
                                   f'component ({registry_names}): {hint}')
         for key, value in node.items():
@@ -211,7 +212,7 @@ def load_config(path, learning_rate=None, opts=None):
     """
     _check_yaml_files(path)
     try:
-        merged = Config._parse_from_yaml(path)
+        merged = parse_from_yaml(path)
     except Exception as error:  # paddleseg raises bare exceptions on malformed bases
         raise ConfigError(f'config {path} cannot be read: {error}') from error
     _check_top_level(merged, path)

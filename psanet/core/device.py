@@ -95,5 +95,5 @@ def to_plain_batchnorm(layer):
     for name, sublayer in layer.named_children():
         replaced = to_plain_batchnorm(sublayer)
         if replaced is not sublayer:
-            layer._sub_layers[name] = replaced
+            setattr(layer, name, replaced)  # Layer.__setattr__ files it as a sublayer
     return layer

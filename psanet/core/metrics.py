@@ -1,37 +1,56 @@
 """Segmentation metrics from per-class areas, the quantities ranks sum in distributed evaluation.
 
-The areas come from paddleseg's ``calculate_area`` (fixed in psanet.compat)
-and the summary from paddleseg's ``mean_iou``, ``class_measurement``,
-``kappa`` and ``dice``, so the numbers are PaddleSeg's.
+The areas are counted here (paddleseg's ``calculate_area`` fails on Paddle >= 2.6:
+psanet.compat.PADDLESEG_CALCULATE_AREA) as paddleseg defines them, and the summary is
+paddleseg's ``mean_iou``, ``class_measurement``, ``kappa`` and ``dice``, so the numbers
+are PaddleSeg's.
 """
 import numpy as np
 import paddle
 from paddleseg.utils import metrics as seg_metrics
 
-from psanet import compat
-
-# paddleseg's calculate_area, or its fixed copy where this paddleseg needs it (compat, 9),
-# whether or not the fixes were applied to paddleseg itself.
-_calculate_area = (compat.calculate_area if compat.PADDLESEG_CALCULATE_AREA.needed()
-                   else seg_metrics.calculate_area)
-
 __all__ = ['class_areas', 'confusion_matrix', 'summarize']
 
 
+def _flat_int64(pred, label, caller):
+    """``pred`` and ``label`` (Tensors or arrays) as flat int64 Tensors of as many pixels."""
+    pred, label = ((a if isinstance(a, paddle.Tensor) else paddle.to_tensor(np.asarray(a)))
+                   .astype('int64').flatten() for a in (pred, label))
+    if pred.shape[0] != label.shape[0]:
+        raise ValueError(f'{caller}: pred has {pred.shape[0]} pixels but label has '
+                         f'{label.shape[0]}.')
+    return pred, label
+
+
+def _count(values, keep, length):
+    """How often each of 0..length-1 occurs among ``values`` where ``keep`` holds: int64
+    [length], counted where the tensors are (on the GPU in evaluation)."""
+    kept = paddle.masked_select(values, keep & (values >= 0) & (values < length))
+    if kept.shape[0] == 0:
+        return np.zeros([length], dtype='int64')
+    return paddle.bincount(kept, minlength=length).numpy().astype('int64')
+
+
 def class_areas(pred, label, num_classes, ignore_index=255):
-    """Intersection, prediction and label pixel counts per class.
+    """Intersection, prediction and label pixel counts per class, of the pixels whose label
+    is not ``ignore_index``: class i's intersection counts label i predicted as i, its
+    prediction area every prediction of i (a label outside the classes included), its label
+    area label i.
 
     Args:
-        pred (Tensor): predicted class ids, [N, 1, H, W] or [N, H, W].
-        label (Tensor): ground truth of the same shape; ``ignore_index`` pixels count nowhere.
+        pred (Tensor | np.ndarray): predicted class ids, any shape ([N, 1, H, W] in evaluation).
+        label (Tensor | np.ndarray): ground truth with as many pixels.
         num_classes (int): number of classes.
         ignore_index (int, optional): Default: 255.
 
     Returns:
         np.ndarray: int64 [3, num_classes]: intersection, prediction, label areas.
     """
-    areas = _calculate_area(pred, label, num_classes, ignore_index=ignore_index)
-    return np.stack([a.numpy() for a in areas]).astype('int64')
+    pred, label = _flat_int64(pred, label, 'class_areas')
+    scored = label != ignore_index
+    return np.stack([_count(label, scored & (pred == label), num_classes),
+                     _count(pred, scored, num_classes),
+                     _count(label, scored, num_classes)])
 
 
 def confusion_matrix(pred, label, num_classes, ignore_index=255):
@@ -52,19 +71,11 @@ def confusion_matrix(pred, label, num_classes, ignore_index=255):
         whose label is ``ignore_index`` or whose label or prediction is not in
         0..C-1 are left out.
     """
-    # Counted where the tensors are (on the GPU in evaluation): one [C, C] copy to the host.
-    pred, label = ((a if isinstance(a, paddle.Tensor) else paddle.to_tensor(np.asarray(a)))
-                   .astype('int64').flatten() for a in (pred, label))
-    if pred.shape[0] != label.shape[0]:
-        raise ValueError(f'confusion_matrix: pred has {pred.shape[0]} pixels but label has '
-                         f'{label.shape[0]}.')
+    pred, label = _flat_int64(pred, label, 'confusion_matrix')
     valid = ((label != ignore_index) & (label >= 0) & (label < num_classes) &
              (pred >= 0) & (pred < num_classes))
-    pairs = paddle.masked_select(label * num_classes + pred, valid)
-    if pairs.shape[0] == 0:
-        return np.zeros([num_classes, num_classes], dtype='int64')
-    counts = paddle.bincount(pairs, minlength=num_classes ** 2).numpy()
-    return counts.reshape(num_classes, num_classes).astype('int64')
+    return _count(label * num_classes + pred, valid, num_classes ** 2).reshape(
+        num_classes, num_classes)
 
 
 def summarize(areas):

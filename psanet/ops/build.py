@@ -359,7 +359,7 @@ def cuda_arch_flags(nvcc):
 def paddle_core_library():
     """File name of Paddle's core library (``libpaddle.so``), which the op links.
 
-    A Paddle-version workaround (entry 6 of the list in psanet/compat.py): only
+    A Paddle-version workaround (psanet.compat.CORE_LIBRARY_NAME): only
     the private ``extension_utils._get_core_name()`` knows the name; should it
     go, the file name of the ``paddle.base.libpaddle`` module is the same.
     """

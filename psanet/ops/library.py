@@ -113,7 +113,7 @@ def load_library():
 def register_op_library(path):
     """Registers the ops of a built library with Paddle; returns their names.
 
-    A Paddle-version workaround (entry 7 of the list in psanet/compat.py):
+    A Paddle-version workaround (psanet.compat.OP_REGISTRATION):
     Paddle has no public API for it; ``load_op_meta_info_and_register_op`` is
     what the stubs of its own ``cpp_extension.setup`` call, re-exported by
     ``paddle.utils.cpp_extension`` though not in its ``__all__``.

@@ -223,7 +223,8 @@ def _psa_mask_gather(x, psa_type, mask_h, mask_w):
     source = paddle.minimum(source_i + source_j, zero_slot)
     flat = x.reshape([0, -1])
     flat = paddle.concat([flat, paddle.zeros([shape[0], 1], x.dtype)], axis=1)
-    # Not paddle.gather(axis=1): its backward is wrong on Paddle 3.0.0 (psanet/compat.py, 13).
+    # Not paddle.gather(axis=1): its backward is wrong on Paddle 3.0.0
+    # (psanet.compat.GATHER_AXIS_GRADIENT).
     y = paddle.index_select(flat, source.reshape([-1]), axis=1)
     return y.reshape([0, -1, h, w]) if not paddle.in_dynamic_mode() else \
         y.reshape([x.shape[0], -1, x.shape[2], x.shape[3]])
