@@ -19,6 +19,8 @@ that need it; the check that turns it off; where it lives.
    ``onednn_placement_pass`` is deleted: the fused convolutions still run in oneDNN,
    the other ops take their plain kernels. Paddle #79749, open. Paddle >= 3.0 (3.0.0,
    3.1.1, 3.2.2, 3.3.1 measured). ``ONEDNN_PLACEMENT.needed()``. ``configure_inference``.
+   The deletion also keeps the pure-Paddle PSA op's ``pad`` off oneDNN's pad kernel,
+   which crashes the process or pads the wrong axes there (3.3.1; tests/test_compat.py).
 4. The CPU predictor with oneDNN hands a custom op its input in oneDNN's
    blocked layout, with no reorder in front as for built-in ops. The op
    reorders it with Paddle's ``TransDataLayoutFromOneDNN``, declared by hand
@@ -124,6 +126,12 @@ that need it; the check that turns it off; where it lives.
    when another node deleted the keys first, never, and the node ended instead of
    restarting (4 of 8 two-node runs). Its ``Status.fail`` restarts. None filed. Paddle
    3.3.1 (others not checked). ``ELASTIC_OWN_FAILURE.needed()``. psanet/launch.py.
+25. With oneDNN on, Paddle Inference's ``operator_scale_onednn_fuse_pass`` folds a
+   ``scale`` (a tensor times a Python number) into the elementwise op before it, and
+   the integer kernels of those ops drop it: ``arange(3) * w * 33`` comes out
+   ``arange(3) * w``. The pure-Paddle PSA op's index math multiplies integer tensors by
+   tensors only (``_int64`` in psanet/ops/psa_mask.py). None filed. Paddle 3.3.1 (others
+   not checked). ``ONEDNN_INT_SCALE.needed()``, for the test only.
 
 Issues: https://github.com/PaddlePaddle/{Paddle,PaddleSeg}/issues/<n>.
 
@@ -144,7 +152,7 @@ functions that need them: importing it is light, even for the deploy package.
 To retire a workaround once upstream fixes it, set ``fixed`` of its record to
 the first good version (its check then turns it off there), and delete it
 when no supported version needs it. tests/test_compat.py has, for 2, 3, 8, 9,
-12 to 18 and 20 to 24 (19: tests/test_memory.py), a test that fails as soon as
+12 to 18 and 20 to 25 (19: tests/test_memory.py), a test that fails as soon as
 this Paddle no longer needs it (or needs it where its record says not).
 The gates were set from runs on Paddle 3.0.0, 3.1.1, 3.2.2 and 3.3.1. paddleseg.core
 is not patched: psanet.core is the engine, on paddleseg's components.
@@ -172,7 +180,7 @@ __all__ = ['CCACHE_WARNING', 'BATCHNORM_NOTICE', 'Workaround', 'MEMORY_OPTIM', '
            'AMP_STATE_API', 'PLACE_KIND', 'JIT_SAVE_FORWARD', 'autocast_dtype',
            'generic_place', 'keep_forward', 'PARAMETERLESS_PROGRAM', 'CPU_TENSOR_STREAM',
            'FREE_GPU_MEMORY', 'free_gpu_memory', 'BUILDER_MESSAGE', 'quiet_builder_messages',
-           'PIR_OUT_TENSOR', 'ORT_UNUSED_INITIALIZER']
+           'PIR_OUT_TENSOR', 'ORT_UNUSED_INITIALIZER', 'ONEDNN_INT_SCALE']
 
 _ISSUES = 'https://github.com/PaddlePaddle/{}/issues/{}'
 
@@ -227,6 +235,7 @@ PARAMETERLESS_PROGRAM = Workaround('none filed', first=(3, 0), fixed=(3, 1))
 CPU_TENSOR_STREAM = Workaround('none filed', first=(3, 0), fixed=(3, 1))
 FREE_GPU_MEMORY = Workaround('none filed', first=(3, 0), fixed=(3, 3))
 ELASTIC_OWN_FAILURE = Workaround('none filed', first=(3, 0))
+ONEDNN_INT_SCALE = Workaround('none filed', first=(3, 0))
 PADDLESEG_CROSS_ENTROPY = Workaround('none filed', first=(3, 0), paddleseg=(2, 8, 0))
 PADDLESEG_CALCULATE_AREA = Workaround(_ISSUES.format('PaddleSeg', 3556), first=(2, 6),
                                       paddleseg=(2, 8, 0))
