@@ -9,6 +9,7 @@ table of medians and ratios.
 
     python bench/bench_psa_mask.py [--device cpu|gpu] [--repeats 5] [--psa-type collect]
                                    [--budget-gib 20] [--threads N] [--impls custom paddle]
+                                   [--backends] [--smoke]
 
 On the CPU, Paddle and the op run on ``--threads`` threads (default: all of
 them), set as a training script would, with ``paddle.base.core.set_num_threads``.
@@ -21,6 +22,14 @@ A cell that would need more memory than the budget (or than the machine or GPU
 has free), or whose single call would run past ``--max-seconds``, is skipped with
 the reason printed under the table. ``--impls custom`` times the custom op
 alone (a before/after comparison of the kernels needs no pure-Paddle cells).
+
+``--backends`` adds a second table: the pure-Paddle form exported (N, H, W
+dynamic) and run in Paddle Inference (oneDNN on, psanet's predictor settings),
+onnxruntime and OpenVINO, beside the custom op in dygraph and the write limit, at
+the R50 config's 59x59 mask on the maps of 512x256, 1024x512 and 2048x1024 inputs
+(output stride 8, shrink factor 2). Each backend's output is checked against the
+custom op's, exactly. ``--smoke`` runs that table at the smallest map only, one
+call per cell, and skips the first table: the CI check that the bench runs.
 """
 import argparse
 import os
@@ -35,6 +44,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from psanet import compat  # noqa: E402,F401
 from psanet.ops import load_library, psa_mask, psa_mask_cpu_threads  # noqa: E402
 
+import numpy as np  # noqa: E402
 import paddle  # noqa: E402
 
 # (mask size, feature H, feature W): the attention maps of a 1024x512 training
@@ -42,6 +52,9 @@ import paddle  # noqa: E402
 # at test time (64x128; 97 is the mask that covers most of it).
 SHAPES = [(59, 32, 64), (97, 64, 128)]
 BATCHES = [1, 8]
+# (mask, feature H, feature W) of the backends table: configs/psanet R50's 59x59 mask on
+# the maps of 512x256, 1024x512 and 2048x1024 inputs.
+BACKEND_SHAPES = [(59, 16, 32), (59, 32, 64), (59, 64, 128)]
 GIB = 1 << 30
 
 
@@ -60,7 +73,14 @@ def parse_args():
                         help="Paddle's CPU threads, which the op follows; default: all")
     parser.add_argument('--impls', nargs='+', default=['custom', 'paddle'],
                         choices=['custom', 'paddle'], help='the forms timed; default: both')
-    return parser.parse_args()
+    parser.add_argument('--backends', action='store_true',
+                        help='also time the exported pure-Paddle form in every backend')
+    parser.add_argument('--smoke', action='store_true',
+                        help='the backends table at the smallest map, one call per cell, only')
+    args = parser.parse_args()
+    if args.smoke:
+        args.backends, args.repeats = True, 1
+    return args
 
 
 def available_bytes(device):
@@ -85,7 +105,7 @@ def moved_elements(num, mask, height, width):
     return num * on_rows * on_columns + num * (height * width) ** 2
 
 
-def peak_bytes(impl, direction, num, mask, positions, moved):
+def peak_bytes(impl, direction, num, mask, positions, width, moved):
     """Rough peak memory of one measurement (float32), from what it allocates."""
     x = 4 * num * mask * mask * positions
     y = 4 * num * positions * positions
@@ -97,13 +117,15 @@ def peak_bytes(impl, direction, num, mask, positions, moved):
     backward = 2 * y + x if direction == 'backward' else 0
     if impl == 'custom':
         return x + y + backward
-    # The pure-Paddle form: an int32 (H*W)^2 index and its temporaries, and
-    # x flattened with one zero appended.
-    index = 8 * 4 * positions * positions
-    return 2 * x + y + index + backward
+    # The pure-Paddle form: x transposed and padded (about (mask + 32) / mask
+    # times x), and an int64 index of one entry per chunk of the output (16
+    # values, or 1 where W is odd).
+    chunk = max(c for c in (1, 2, 4, 8, 16) if width % c == 0)
+    index = 8 * num * positions * positions // chunk
+    return x + x * (mask + 32) // mask + y + index + backward
 
 
-def time_calls(fn, repeats, max_seconds, sync):
+def time_calls(fn, repeats, max_seconds, sync=lambda: None):
     """Median seconds of fn() over repeats calls after one warm-up call, each
     between two sync() (the GPU's queue drained).
 
@@ -135,7 +157,7 @@ def measure_cell(args, mask, height, width, num, notes, estimates):
     times = {}
 
     def run(key, impl, direction, fn):
-        need = peak_bytes(impl, direction, num, mask, positions, moved)
+        need = peak_bytes(impl, direction, num, mask, positions, width, moved)
         if need > budget:
             notes.append(f'{label}, {key}: skipped, needs about {need / GIB:.1f} GiB, '
                          f'budget {budget / GIB:.1f} GiB.')
@@ -204,6 +226,112 @@ def gpu_name():
     return paddle.device.cuda.get_device_name()
 
 
+class _PurePSAMask(paddle.nn.Layer):
+    """The pure-Paddle op alone, for export (a parameter of 1: Paddle 3.0.0's
+    predictor needs a parameter file, psanet.compat.PARAMETERLESS_PROGRAM)."""
+
+    def __init__(self, psa_type, mask):
+        super().__init__()
+        self.psa_type, self.mask = psa_type, mask
+        self.one = self.create_parameter(
+            [1], default_initializer=paddle.nn.initializer.Constant(1.0))
+
+    def forward(self, x):
+        return psa_mask(x, self.psa_type, self.mask, impl='paddle') * self.one
+
+
+def export_runners(args, mask, folder):
+    """{backend: run(x) -> y} for the pure-Paddle op exported into ``folder``."""
+    from paddle import inference
+
+    from psanet import compat
+    from psanet.contract import PARAMS_FILE, PROGRAM_FILE
+    from psanet.export import export_onnx
+    spec = [paddle.static.InputSpec([None, mask * mask, None, None], 'float32', 'x')]
+    prefix = os.path.join(folder, os.path.splitext(PROGRAM_FILE)[0])
+    paddle.jit.save(paddle.jit.to_static(_PurePSAMask(args.psa_type, mask), input_spec=spec,
+                                         full_graph=True), prefix)
+    config = inference.Config(os.path.join(folder, PROGRAM_FILE),
+                              os.path.join(folder, PARAMS_FILE))
+    config.disable_gpu()
+    config.disable_glog_info()
+    config.set_cpu_math_library_num_threads(args.threads)
+    config.enable_mkldnn()
+    predictor = inference.create_predictor(compat.configure_inference(config))
+
+    def paddle_inference(x):
+        handle = predictor.get_input_handle(predictor.get_input_names()[0])
+        handle.reshape(list(x.shape))
+        handle.copy_from_cpu(x)
+        predictor.run()
+        return predictor.get_output_handle(predictor.get_output_names()[0]).copy_to_cpu()
+
+    runners = {'Paddle Inference': paddle_inference}
+    try:
+        import onnxruntime
+        import openvino
+    except ImportError as error:
+        print(f'- {error.name} is not installed: its column is empty.')
+        return runners
+    onnx = export_onnx(folder)
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = args.threads
+    session = onnxruntime.InferenceSession(onnx, options, providers=['CPUExecutionProvider'])
+    runners['onnxruntime'] = lambda x: session.run(None, {session.get_inputs()[0].name: x})[0]
+    core = openvino.Core()
+    request = core.compile_model(core.read_model(onnx), 'CPU', {
+        'INFERENCE_NUM_THREADS': args.threads, 'PERFORMANCE_HINT': 'LATENCY',
+        'INFERENCE_PRECISION_HINT': 'f32'}).create_infer_request()
+    runners['OpenVINO'] = lambda x: np.array(request.infer([x])[0], copy=True)
+    return runners
+
+
+def backends_table(args):
+    """The pure-Paddle form in every backend beside the custom op (dygraph), one run."""
+    import tempfile
+    shapes = BACKEND_SHAPES[:1] if args.smoke else BACKEND_SHAPES
+    names = ['dygraph', 'Paddle Inference', 'onnxruntime', 'OpenVINO']
+    print(f'\nThe pure-Paddle form ({args.psa_type}, N=1, exported with N, H, W dynamic) by '
+          f'backend, {args.threads} threads, median ms of {args.repeats} calls after one; '
+          'ratio to the custom op in dygraph\n')
+    header = ['mask', 'map', 'output', 'write limit', 'custom'] + \
+        [f'{name} (ratio)' for name in names]
+    print('| ' + ' | '.join(header) + ' |')
+    print('|' + '---|' * len(header))
+    runners = {}
+    for mask, height, width in shapes:
+        if mask not in runners:
+            folder = tempfile.mkdtemp(prefix='bench_psa_mask_')
+            runners[mask] = export_runners(args, mask, folder)
+        rng = np.random.default_rng(0)
+        x_np = rng.standard_normal((1, mask * mask, height, width)).astype('float32')
+        x = paddle.to_tensor(x_np)
+        positions = height * width
+        limit, _ = time_calls(lambda: paddle.full([1, positions, height, width], 0.0, 'float32'),
+                              args.repeats, args.max_seconds)
+        custom, _ = time_calls(lambda: psa_mask(x, args.psa_type, mask), args.repeats,
+                               args.max_seconds)
+        expected = psa_mask(x, args.psa_type, mask).numpy()
+        calls = {'dygraph': lambda: psa_mask(x, args.psa_type, mask, impl='paddle')}
+        for name, run in runners[mask].items():
+            calls[name] = lambda run=run: run(x_np)
+        row = [f'{mask}x{mask}', f'{height}x{width}', fmt_bytes(4 * positions ** 2),
+               fmt_ms(limit), fmt_ms(custom)]
+        for name in names:
+            if name not in calls:
+                row.append('—')
+                continue
+            got = calls[name]()
+            got = got.numpy() if isinstance(got, paddle.Tensor) else got
+            if not np.array_equal(got, expected):
+                raise SystemExit(f'bench_psa_mask: {name} differs from the custom op at '
+                                 f'{height}x{width}, mask {mask}.')
+            seconds, _ = time_calls(calls[name], args.repeats, args.max_seconds)
+            row.append(f'{fmt_ms(seconds)} ({fmt_ratio(seconds, custom)})')
+        print('| ' + ' | '.join(row) + ' |', flush=True)
+    print('\nEvery backend\'s output equals the custom op\'s exactly.')
+
+
 def main():
     args = parse_args()
     if args.device == 'gpu' and gpu_name() is None:
@@ -219,6 +347,9 @@ def main():
         paddle.base.core.set_num_threads(args.threads)
         where = f'CPU, {os.cpu_count()} CPUs, op threads {psa_mask_cpu_threads()}'
         limit = 'write limit'
+    if args.smoke:
+        backends_table(args)
+        return
     print(f'psa_mask on {where}, {args.psa_type}, float32: paddle {paddle.__version__}, median '
           f'of {args.repeats} calls after one warm-up (ms); op library {library}\n')
     header = ['mask', 'map', 'N', 'output', limit, 'custom fwd', 'fwd / limit',
@@ -245,6 +376,8 @@ def main():
     print('bwd: paddle.grad of the output w.r.t. x (includes its copy of grad_outputs).')
     for note in notes:
         print('- ' + note)
+    if args.backends:
+        backends_table(args)
 
 
 if __name__ == '__main__':

@@ -1,7 +1,9 @@
-"""PSA mask op in exported models: jit.save/jit.load and the Paddle Inference predictor.
+"""PSA mask op in exported models: jit.save/jit.load, the Paddle Inference predictor,
+and the pure-Paddle op in onnxruntime and OpenVINO.
 
 The expected values are the dygraph outputs of the same layer (whose op is
-checked against a numpy loop in test_psa_mask.py).
+checked against a numpy loop in test_psa_mask.py), or for the op alone the numpy
+loop itself, exactly.
 """
 import json
 import os
@@ -12,8 +14,10 @@ import numpy as np
 import paddle
 import pytest
 
-from conftest import ROOT, assert_logits_agree, reordered_sum_rtol, run_process
-from predictor_helpers import cpu_config, predict
+from conftest import ROOT, assert_logits_agree, needs_onnx, reordered_sum_rtol, run_process
+from predictor_helpers import cpu_config, create, predict, run_once
+from psa_mask_reference import reference_forward
+from psanet import compat
 from psanet.ops import load_library, psa_impl, psa_mask
 
 CHANNELS = 4
@@ -144,7 +148,7 @@ def test_pure_paddle_export_needs_no_op_library(exported):
         import json, sys
         import numpy as np
         sys.path.insert(0, r'{os.path.join(ROOT, 'tests')}')
-        from predictor_helpers import cpu_config, predict
+        from predictor_helpers import cpu_config, create, predict, run_once
 
         def run(path, x):
             return predict(cpu_config(path, onednn=False), x)
@@ -167,3 +171,77 @@ def test_pure_paddle_export_needs_no_op_library(exported):
     for k, expected in enumerate(exported['expected']):
         assert_logits_agree(np.load(folder / f'pure{k}.npy'), expected, RTOL,
                             f'pure-Paddle predictor {INPUT_SHAPES[k]}')
+
+
+# The pure-Paddle op alone, exported with N, H and W dynamic: a 4x5 mask (even height)
+# on maps smaller and larger than it, widths that move 16, 4 and 1 values per gather
+# index (the chunk is the largest power of two up to 16 dividing W), and a batch of 2.
+PURE_MASK = (4, 5)
+PURE_SHAPES = [(1, 3, 4), (2, 6, 16), (1, 5, 12), (1, 7, 7), (1, 2, 32)]
+
+
+class PurePSAMasks(paddle.nn.Layer):
+    """Collect and distribute of the input with the pure-Paddle op, side by side
+    along the channels; times a parameter of 1 (Paddle 3.0.0's predictor needs a
+    parameter file, psanet.compat.PARAMETERLESS_PROGRAM)."""
+
+    def __init__(self):
+        super().__init__()
+        self.one = self.create_parameter(
+            [1], default_initializer=paddle.nn.initializer.Constant(1.0))
+
+    def forward(self, x):
+        return paddle.concat([psa_mask(x, psa_type, PURE_MASK, impl='paddle')
+                              for psa_type in ('collect', 'distribute')], axis=1) * self.one
+
+
+def pure_expected(x):
+    return np.concatenate([reference_forward(x, psa_type, *PURE_MASK)
+                           for psa_type in ('collect', 'distribute')], axis=1)
+
+
+def pure_inputs():
+    rng = np.random.default_rng(1)
+    cells = PURE_MASK[0] * PURE_MASK[1]
+    return [rng.standard_normal((n, cells, h, w)).astype('float32') for n, h, w in PURE_SHAPES]
+
+
+@pytest.fixture(scope='module')
+def pure_export(tmp_path_factory):
+    folder = tmp_path_factory.mktemp('pure_psa_mask')
+    save(PurePSAMasks(), str(folder / 'model'), channels=PURE_MASK[0] * PURE_MASK[1])
+    return folder
+
+
+@pytest.mark.parametrize('onednn', [False, True])
+def test_pure_op_in_paddle_inference_is_exact(pure_export, onednn):
+    # psanet's own predictor settings (compat.configure_inference): with oneDNN its
+    # integer index math and its pad must survive the oneDNN passes (compat 3, 25).
+    predictor = create(compat.configure_inference(cpu_config(str(pure_export / 'model'),
+                                                             onednn=onednn)))
+    for x in pure_inputs():
+        np.testing.assert_array_equal(run_once(predictor, x), pure_expected(x),
+                                      err_msg=str(x.shape))
+
+
+@needs_onnx
+def test_pure_op_in_onnxruntime_and_openvino_is_exact(pure_export):
+    import onnxruntime
+
+    from psanet.export import export_onnx
+    path = export_onnx(str(pure_export))
+    session = onnxruntime.InferenceSession(path, providers=['CPUExecutionProvider'])
+    runs = {'onnxruntime': lambda x: session.run(None, {session.get_inputs()[0].name: x})[0]}
+    try:
+        import openvino
+    except ImportError:
+        openvino = None
+    if openvino is not None:
+        core = openvino.Core()
+        compiled = core.compile_model(core.read_model(path), 'CPU',
+                                      {'INFERENCE_PRECISION_HINT': 'f32'})
+        runs['openvino'] = lambda x: np.array(compiled.create_infer_request().infer([x])[0])
+    for name, run in runs.items():
+        for x in pure_inputs():
+            np.testing.assert_array_equal(run(x), pure_expected(x),
+                                          err_msg=f'{name} {x.shape}')

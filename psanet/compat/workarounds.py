@@ -97,7 +97,9 @@ ONEDNN_PLACEMENT = Workaround(
     '("ConvertPirAttribute2RuntimeAttribute not support ArrayAttribute<DoubleAttribute>"), '
     '3.0 to 3.2 run it ignoring align_corners=True (logits off by 8 in the mini PSANet). '
     '`onednn_placement_pass` is deleted: the fused convolutions still run in oneDNN, the other '
-    'ops take their plain kernels.',
+    'ops take their plain kernels. The deletion also keeps the pure-Paddle op\'s `pad` off '
+    "oneDNN's pad kernel, which crashes the process or pads the wrong axes there (3.3.1; "
+    'tests/test_compat.py::test_onednn_placement_still_puts_pad_on_a_broken_kernel).',
     ('psanet/compat/fixes.py:configure_inference', 'psanet/deploy/predictor.py:ONEDNN_PLACEMENT'),
     _ISSUES.format('Paddle', 79749), 'Paddle >= 3.0 (open)',
     _COMPAT + 'test_onednn_placement_workaround_is_needed_where_its_record_says', first=(3, 0),
@@ -284,6 +286,14 @@ ELASTIC_OWN_FAILURE = Workaround(
     ('psanet/launch.py:restart_own_failure',), NONE_FILED, 'Paddle 3.3.1 (others not checked)',
     _COMPAT + 'test_the_elastic_launcher_still_ends_on_its_own_failure_where_its_record_says',
     first=(3, 0))
+ONEDNN_INT_SCALE = Workaround(
+    'ONEDNN_INT_SCALE',
+    "With oneDNN on, Paddle Inference's `operator_scale_onednn_fuse_pass` folds a `scale` (a "
+    'tensor times a Python number) into the elementwise op before it, and the integer kernels '
+    'of those ops drop it: `arange(3) * w * 33` comes out `arange(3) * w`. The pure-Paddle PSA '
+    "op's index math multiplies integer tensors by tensors only.",
+    ('psanet/ops/psa_mask.py:_int64',), NONE_FILED, 'Paddle 3.3.1 (others not checked)',
+    _COMPAT + 'test_onednn_drops_an_integer_scale_where_its_record_says', first=(3, 0))
 OPTIMIZER_SCHEDULER = Workaround(
     'OPTIMIZER_SCHEDULER',
     "An optimizer's learning-rate scheduler, which training steps, is only its private "
@@ -315,4 +325,4 @@ WORKAROUNDS = (
     LOADER_SHUTDOWN, NUMPY_IN1D, CONST_CONTIGUOUS, GATHER_AXIS_GRADIENT, AMP_STATE_API,
     PLACE_KIND, JIT_SAVE_FORWARD, PARAMETERLESS_PROGRAM, CPU_TENSOR_STREAM, FREE_GPU_MEMORY,
     BATCHNORM_TRACKING_NOTICE, BUILDER_YAML, PIR_OUT_TENSOR_LINE, ORT_INITIALIZER_LINES,
-    ELASTIC_OWN_FAILURE, OPTIMIZER_SCHEDULER, SYNC_BATCHNORM_BACK, CUSTOM_OP_CALL)
+    ELASTIC_OWN_FAILURE, ONEDNN_INT_SCALE, OPTIMIZER_SCHEDULER, SYNC_BATCHNORM_BACK, CUSTOM_OP_CALL)

@@ -12,6 +12,7 @@ import numbers
 
 import paddle
 import paddle.nn as nn
+import paddle.nn.functional as F
 
 from .library import load_library
 
@@ -162,7 +163,7 @@ def psa_mask(x, psa_type, mask_size, impl=None):
     _check_input(x, mask_h, mask_w)
     if impl == 'paddle':
         with _explain_out_of_memory(x):
-            return _psa_mask_gather(x, psa_type, mask_h, mask_w)
+            return _psa_mask_shear(x, psa_type, mask_h, mask_w)
     _check_custom_place(x)
     load_library()
     if paddle.framework.in_dynamic_or_pir_mode():
@@ -180,54 +181,81 @@ def psa_mask(x, psa_type, mask_size, impl=None):
 def psa_mask_paddle(x, psa_type, mask_h, mask_w):
     """``psa_mask`` written with standard Paddle ops (exportable, differentiable).
 
-    Each output entry gathers its source from ``x`` through an index map built
-    from the (possibly dynamic) H and W, as ``y_source`` in
-    ``ops/psa_mask_kernel.h`` does per element for the CUDA kernels; entries
-    outside the window gather a zero appended to ``x``. Memory: an int32 index
-    of ``(H*W)**2`` entries, so ``mask_h * mask_w * H * W`` must stay below ``2**30``.
+    The window rows of every position are padded with zeros and read back as
+    chunks of up to ``CHUNK`` values, each chunk from the row shifted by its
+    position: the shear that turns window cells into map positions, done by
+    one pad and one gather (docs/psa_mask.md, "The pure-Paddle form"). Memory
+    beyond the output: the padded rows, about ``(mask_w + 2*CHUNK) / mask_w``
+    times ``x``, and an int64 index of one entry per chunk of the output.
     """
     psa_type = normalize_psa_type(psa_type)
     mask_h, mask_w = normalize_mask_size((mask_h, mask_w))
     _check_input(x, mask_h, mask_w)
-    return _psa_mask_gather(x, psa_type, mask_h, mask_w)
+    return _psa_mask_shear(x, psa_type, mask_h, mask_w)
 
 
-def _psa_mask_gather(x, psa_type, mask_h, mask_w):
-    # The index math of y_source in ops/psa_mask_kernel.h (a Python file cannot
-    # include the header): the window cell of an entry is window_row(qh - ph),
-    # window_column(qw - pw), with half = (mask - 1) // 2 as make_geometry's.
-    # The index of Y[n] is built as [H, W, H, W] (row position a = (a_h, a_w),
-    # column b = (b_h, b_w)) from per-axis pieces of size H*H and W*W, so that
-    # only two ops besides the gather run over all (H*W)**2 entries.
+# The longest chunk the pure-Paddle form gathers: a map width divisible by 16
+# moves 16 values per index; other widths their largest power-of-two divisor.
+CHUNK = 16
+
+
+def _padded_row(mask_w):
+    """(left zeros, row length) of a window row padded for the shear.
+
+    Chunk ``c`` of output row ``pw`` starts at ``pw*(length-1) + left + half_w +
+    c*chunk`` in its block: a multiple of any chunk that divides CHUNK when
+    ``length`` is 1 modulo CHUNK and ``left + half_w`` is 0 modulo CHUNK. At
+    least CHUNK zeros on the left (a zero chunk at the start of every block) and
+    CHUNK - 1 on the right keep a chunk that overlaps the window inside its row.
+    """
+    half_w = (mask_w - 1) // 2
+    left = CHUNK + (-(CHUNK + half_w)) % CHUNK
+    length = left + mask_w + CHUNK - 1
+    length += (1 - length) % CHUNK
+    return left, length
+
+
+def _int64(value):
+    # Integer index math multiplies tensors by tensors, never by Python numbers:
+    # Paddle Inference's oneDNN pass fuses such a scale into the elementwise op
+    # before it and drops it (psanet.compat.ONEDNN_INT_SCALE).
+    return paddle.full([], value, 'int64')
+
+
+def _psa_mask_shear(x, psa_type, mask_h, mask_w):
+    # Distribute: Y[n, p, q] with p = (ph, pw), q = (qh, qw), read as rows
+    # (ph, pw, qh) of W values over qw. Row (ph, pw, qh) is window row
+    # i = qh - ph + half_h of position p, shifted right by pw - half_w. Collect
+    # is its transpose over positions.
     shape = paddle.shape(x)
-    h, w = shape[2], shape[3]
-    positions = (h * w).astype('int32')
-    along_h = paddle.arange(h, dtype='int32')
-    along_w = paddle.arange(w, dtype='int32')
-    a_h, a_w = along_h.reshape([-1, 1, 1, 1]), along_w.reshape([1, -1, 1, 1])
-    b_h, b_w = along_h.reshape([1, 1, -1, 1]), along_w.reshape([1, 1, 1, -1])
-    # collect: Y[q, p]; distribute: Y[p, q]; x sits at p, cell (i, j) at q - p.
-    (qh, qw, ph, pw) = (a_h, a_w, b_h, b_w) if psa_type == COLLECT else (b_h, b_w, a_h, a_w)
-    i = qh - ph + (mask_h - 1) // 2
-    j = qw - pw + (mask_w - 1) // 2
-    # Invalid entries gather the zero appended after x's mask_h*mask_w channels.
-    # Each piece is that slot where its cell is off the window, so a sum of
-    # pieces is at least the slot exactly where the entry is invalid (valid
-    # sources stay below it); int32 holds 2 * mask_h * mask_w * H * W.
-    zero_slot = positions * (mask_h * mask_w)
-    valid_i = ((i >= 0) & (i < mask_h)).astype('int32')
-    valid_j = ((j >= 0) & (j < mask_w)).astype('int32')
-    source_i = zero_slot + valid_i * (i * mask_w * positions + ph * w.astype('int32')
-                                      - zero_slot)
-    source_j = zero_slot + valid_j * (j * positions + pw - zero_slot)
-    source = paddle.minimum(source_i + source_j, zero_slot)
-    flat = x.reshape([0, -1])
-    flat = paddle.concat([flat, paddle.zeros([shape[0], 1], x.dtype)], axis=1)
-    # Not paddle.gather(axis=1): its backward is wrong on Paddle 3.0.0
-    # (psanet.compat.GATHER_AXIS_GRADIENT).
-    y = paddle.index_select(flat, source.reshape([-1]), axis=1)
-    return y.reshape([0, -1, h, w]) if not paddle.in_dynamic_mode() else \
-        y.reshape([x.shape[0], -1, x.shape[2], x.shape[3]])
+    n, h, w = shape[0], shape[2], shape[3]
+    half_h, half_w = (mask_h - 1) // 2, (mask_w - 1) // 2
+    left, length = _padded_row(mask_w)
+    h64, w64 = h.astype('int64'), w.astype('int64')
+    # Window rows of every position, as runs of mask_w values: [N, mask_h, H*W, mask_w],
+    # blocks (i, ph) of W rows; one block row of zeros (i = mask_h) for windows off the map.
+    runs = x.reshape([0, mask_h, mask_w, -1]).transpose([0, 1, 3, 2])
+    padded = F.pad(runs, [0, 0, 0, 1, 0, 0, left, length - left - mask_w])
+    chunk = paddle.full([], 1, 'int64')
+    for divisor in (2, 4, 8, CHUNK):
+        chunk = paddle.where(w64 % _int64(divisor) == 0, _int64(divisor), chunk)
+    chunks = padded.reshape(paddle.stack([n, paddle.full_like(n, -1), chunk.astype(n.dtype)]))
+    # Index of output chunk (ph, pw, qh, c): block (i, ph) at row pw, shifted.
+    rows = paddle.arange(h, dtype='int64')
+    ph, qh = rows.reshape([-1, 1, 1, 1]), rows.reshape([1, 1, -1, 1])
+    i = qh - ph + _int64(half_h)
+    i = paddle.where((i >= 0) & (i < mask_h), i, _int64(mask_h))
+    block = (i * h64 + ph) * (w64 * _int64(length) // chunk)
+    pw = paddle.arange(w, dtype='int64').reshape([1, -1, 1, 1])
+    start = paddle.arange(w64 // chunk, dtype='int64').reshape([1, 1, 1, -1]) * chunk
+    first = start - pw + _int64(half_w)                 # window column at the chunk's start
+    offset = (pw * _int64(length - 1) + _int64(left + half_w) + start) // chunk
+    offset = paddle.where((first < mask_w) & (first + chunk > 0), offset, _int64(0))
+    y = paddle.index_select(chunks, (block + offset).reshape([-1]), axis=1)
+    positions = h * w
+    if psa_type == COLLECT:
+        y = y.reshape(paddle.stack([n, positions, positions])).transpose([0, 2, 1])
+    return y.reshape(paddle.stack([n, positions, h, w]))
 
 
 class PSAMask(nn.Layer):
