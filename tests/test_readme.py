@@ -10,6 +10,7 @@ in this process (their flags parsed by the scripts' own argparse, no Paddle star
 ``serve.py ... &`` runs as a real server on a free port (the one change made to a line:
 curl is pointed at that port), curl is the real curl, ``kill %1`` sends it SIGTERM.
 """
+import contextlib
 import os
 import re
 import runpy
@@ -18,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import cv2
 import numpy as np
@@ -25,6 +27,7 @@ import pytest
 from PIL import Image
 
 from conftest import ROOT, finish, generate_dataset, started_process
+from serve_helpers import free_port
 
 README = os.path.join(ROOT, 'README.md')
 QUICKSTART = os.path.join(ROOT, 'scripts', 'quickstart.sh')
@@ -106,6 +109,21 @@ def run_in_process(argv, capfd):
     return code, out + err
 
 
+def run_beside(args, root, server, timeout=300):
+    """``args`` as a process while ``server`` runs: (exit code, output); a server that
+    exits meanwhile fails the test at once with its log (curl would retry for minutes)."""
+    deadline = time.monotonic() + timeout
+    with started_process(args, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True) as process:
+        while process.poll() is None:
+            assert server.poll() is None, (
+                f'serve.py exited {server.returncode}: '
+                f'{(root / "serve.log").read_text(errors="replace")[-3000:]}')
+            assert time.monotonic() < deadline, f'{args} ran longer than {timeout} s'
+            time.sleep(0.5)
+        return process.returncode, process.stdout.read()
+
+
 def written_paths(args):
     """What a command names as its output: --save_dir folders, curl's -o file."""
     return [args[i + 1] for i, arg in enumerate(args[:-1]) if arg in ('--save_dir', '-o')]
@@ -143,9 +161,9 @@ def test_next_steps_run_as_written(quickstart_checkout, monkeypatch, capfd):
         block = next_steps_block(f.read())
     lines = commands(block)
     assert len(lines) >= 6, lines
-    try:
+    with contextlib.ExitStack() as stack:  # a server still running at a failure is killed
         for line in lines:
-            if line.startswith('. ') and line.split()[:2] == ['.', '.venv/bin/activate']:
+            if shlex.split(line, comments=True) == ['.', '.venv/bin/activate']:
                 continue  # the tests run in the environment already
             assignment = re.fullmatch(r'(\w+)=(\S+)', line)
             if assignment:
@@ -153,21 +171,18 @@ def test_next_steps_run_as_written(quickstart_checkout, monkeypatch, capfd):
                 continue
             args = shlex.split(expand(line, variables), comments=True)
             if args[0] == 'python' and args[-1] == '&':
-                from serve_helpers import free_port
                 assert server is None, 'a second background server'
                 port = free_port()
-                log = open(root / 'serve.log', 'wb')
-                server_cm = started_process(
+                log = stack.enter_context(open(root / 'serve.log', 'wb'))
+                server = stack.enter_context(started_process(
                     [sys.executable, *args[1:-1], '--port', str(port)], cwd=root,
-                    stdout=log, stderr=subprocess.STDOUT)
-                server = server_cm.__enter__()
+                    stdout=log, stderr=subprocess.STDOUT))
                 continue
             if args == ['kill', '%1']:
                 assert server is not None, 'kill %1 without a server started with &'
                 server.send_signal(signal.SIGTERM)
                 finish(server, 120)
                 assert server.returncode == 0, (root / 'serve.log').read_text()[-3000:]
-                server_cm.__exit__(None, None, None)
                 server = None
                 continue
             if args[0] == 'python':
@@ -175,19 +190,14 @@ def test_next_steps_run_as_written(quickstart_checkout, monkeypatch, capfd):
             elif args[0] == 'curl':
                 assert server is not None, 'curl without a server started with &'
                 args = [a.replace(SERVE_DEFAULT, f'127.0.0.1:{port}') for a in args]
-                done = subprocess.run(args, cwd=root, capture_output=True, text=True,
-                                      timeout=300)
-                code, output = done.returncode, done.stdout + done.stderr
+                code, output = run_beside(args, root, server)
             else:
                 pytest.fail(f'the test does not know how to run this line: {line}')
             assert code == 0, f'{line}\nexited {code}:\n{output[-3000:]}'
             for path in written_paths(args):
                 assert os.path.exists(root / path), f'{line}\ndid not write {path}'
             check_content(args, output, variables, root)
-    finally:
-        if server is not None:
-            server_cm.__exit__(None, None, None)
-    assert server is None, 'a server started with & is not stopped by the block'
+        assert server is None, 'a server started with & is not stopped by the block'
 
 
 def test_next_steps_use_the_quickstart_outputs():
