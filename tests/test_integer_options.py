@@ -76,6 +76,24 @@ def test_cpu_threads_must_be_an_integer_of_one_or_more(tmp_path, cpu_threads):
                               cpu_threads=cpu_threads)
 
 
+@pytest.mark.parametrize('cpu_threads', [True, 2.7, '2', 0])
+def test_predictor_cpu_threads_must_be_an_integer_of_one_or_more(cpu_threads):
+    from psanet.deploy.predictor import PredictorOptions
+    with pytest.raises(DeployError, match=rf'^--cpu_threads must be an integer >= 1, got '
+                       rf'{cpu_threads!r}\.$'):
+        PredictorOptions(cpu_threads=cpu_threads)
+
+
+@pytest.mark.parametrize('batch_size', [True, 2.7, '2', 0])
+def test_infer_batch_size_must_be_an_integer_of_one_or_more(tmp_path, batch_size):
+    from psanet.deploy.infer_images import infer
+    with pytest.raises(DeployError, match=rf'^--batch_size must be an integer >= 1, got '
+                       rf'{batch_size!r}\.$'):
+        infer(_fake_export(tmp_path / 'export'), str(tmp_path), str(tmp_path / 'out'),
+              batch_size=batch_size)
+    assert not os.path.exists(tmp_path / 'out')
+
+
 @pytest.mark.parametrize('classes', [True, 2.7, 0])
 def test_deploy_num_classes_must_be_a_positive_integer(tmp_path, classes):
     folder = _fake_export(tmp_path / 'export')
