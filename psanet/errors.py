@@ -1,4 +1,5 @@
-"""Every error type of the package, and the one wording of an image that cannot be read.
+"""Every error type of the package, the one integer check of every option, and the one
+wording of an image that cannot be read.
 
 A :class:`UserError` is an input the user can fix; its message names the file
 or flag and the fix, and :func:`psanet.cli.run_cli` prints it as one
