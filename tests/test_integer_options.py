@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from psanet import Segmenter
-from psanet.errors import ArgumentError, CheckpointError, DeployError, is_integer
+from psanet.errors import ArgumentError, CheckpointError, ConfigError, DeployError, is_integer
 
 # True is 1 and 2.7 truncates to 2 under int(): both must be refused, never taken.
 NOT_INTEGERS = [True, False, 2.7, 2.0, '2', None, np.bool_(True), np.float32(3)]
@@ -145,3 +145,13 @@ def test_validate_sample_must_be_a_positive_integer(sample):
     from psanet.data.validate import validate_dataset
     with pytest.raises(ValueError, match=rf'^sample must be a positive int, got {sample!r}$'):
         validate_dataset(None, 19, check_labels='sample', sample=sample)
+
+
+@pytest.mark.parametrize('stride', [True, 8.0, '8', 4])
+def test_output_stride_must_be_an_integer_the_backbone_builds(stride):
+    from psanet.core.config import _check_output_stride
+    model = {'backbone': {'type': 'ResNet50_vd', 'output_stride': stride}}
+    with pytest.raises(ConfigError, match=rf'^config c.yml: model.backbone.output_stride must be '
+                       rf'one of 8, 16 for ResNet50_vd, got {stride!r} \(it builds no other '
+                       rf'stride\)'):
+        _check_output_stride(model, 'c.yml')
