@@ -1,4 +1,5 @@
-"""Every error type of the package, and the one wording of an image that cannot be read.
+"""Every error type of the package, the one integer check of every option, and the one
+wording of an image that cannot be read.
 
 A :class:`UserError` is an input the user can fix; its message names the file
 or flag and the fix, and :func:`psanet.cli.run_cli` prints it as one
@@ -6,12 +7,13 @@ or flag and the fix, and :func:`psanet.cli.run_cli` prints it as one
 its traceback. This module imports nothing of ours, so every layer (models,
 engine, export, the deploy package, data tools) raises the same types.
 """
+import numbers
 import signal
 
 __all__ = ['UserError', 'ConfigError', 'CheckpointError', 'TrainingError', 'DatasetError',
            'UnreadableImagesError', 'InferenceMemoryError', 'DeployError', 'DiskFullError',
            'ArgumentError',
-           'Interrupted', 'few', 'unreadable_image']
+           'Interrupted', 'few', 'is_integer', 'unreadable_image']
 
 
 class UserError(Exception):
@@ -57,6 +59,16 @@ class ArgumentError(ValueError):
     def __init__(self, argument, requirement, value):
         self.argument, self.requirement, self.value = argument, requirement, value
         super().__init__(f'{argument} must be {requirement}, got {value!r}.')
+
+
+def is_integer(value, minimum=None):
+    """Whether ``value`` is an int or a numpy integer, at least ``minimum`` when given.
+
+    The one integer check of every option: a bool (1 to Python, never a count
+    here) and a float (2.7 or 2.0) are not integers, nor is a string.
+    """
+    return (isinstance(value, numbers.Integral) and not isinstance(value, bool) and
+            (minimum is None or bool(value >= minimum)))
 
 
 def few(names, shown=5):

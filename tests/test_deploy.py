@@ -181,8 +181,8 @@ def test_pure_paddle_export_runs_without_the_op_library(setup, tmp_path, mkldnn)
 @pytest.mark.parametrize('flags, message', [
     (['--precision', 'fp16'], 'runs fp32 only'),
     (['--use_trt', 'True'], '--use_trt needs --device gpu'),
-    (['--cpu_threads', '0'], '--cpu_threads must be >= 1'),
-    (['--batch_size', '0'], '--batch_size must be >= 1'),
+    (['--cpu_threads', '0'], '--cpu_threads must be an integer >= 1'),
+    (['--batch_size', '0'], '--batch_size must be an integer >= 1'),
     (['--enable_mkldnn', 'maybe'], 'expected True or False'),
 ])
 def test_infer_rejects_bad_flags(setup, tmp_path, capfd, flags, message):

@@ -186,7 +186,7 @@ def test_a_bad_image_is_one_clear_error(checkpoint, image, message):
 
 def test_bad_options_are_refused(checkpoint, monkeypatch):
     _, seg, export, _ = checkpoint
-    with pytest.raises(DeployError, match='batch_size must be >= 1'):
+    with pytest.raises(DeployError, match='batch_size must be an integer >= 1'):
         Segmenter.from_export(export, backend='paddle', batch_size=0)
     with pytest.raises(DeployError, match='backend must be one of'):
         Segmenter.from_export(export, backend='tensorrt')

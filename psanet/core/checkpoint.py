@@ -17,7 +17,7 @@ import numpy as np
 import paddle
 
 from psanet.contract import read_json
-from psanet.errors import CheckpointError, few
+from psanet.errors import CheckpointError, few, is_integer
 from psanet.files import delete_folders, write_folder
 from psanet.log import get_logger
 
@@ -159,7 +159,7 @@ def load_checkpoint(path):
     state = read_json(state_path, lambda reason: CheckpointError(
         f'training state {state_path} cannot be read ({reason}): {fix}'))
     iteration = state.get('iteration') if isinstance(state, dict) else None
-    if not isinstance(iteration, int) or isinstance(iteration, bool) or iteration < 0:
+    if not is_integer(iteration, 0):
         raise CheckpointError(f'training state {state_path}: "iteration" must be a '
                               f'non-negative integer, got {iteration!r}: {fix}')
     model_state = load_saved(os.path.join(path, WEIGHTS_FILE), 'model weights', fix)

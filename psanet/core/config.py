@@ -28,7 +28,7 @@ from paddleseg.cvlibs.config import parse_from_yaml  # noqa: E402
 
 import psanet.models  # noqa: F401,E402  (registers PSANet; the paddleseg fixes)
 from psanet.data.validate import check_dataset_config, validate_dataset  # noqa: E402
-from psanet.errors import ArgumentError, ConfigError  # noqa: E402
+from psanet.errors import ArgumentError, ConfigError, is_integer  # noqa: E402
 from psanet.log import get_logger  # noqa: E402
 
 __all__ = ['KNOWN_KEYS', 'UNSUPPORTED_KEYS', 'LoadedConfig', 'load_config', 'set_schedule',
@@ -250,7 +250,7 @@ def _check_output_stride(model, path):
     component = manager.BACKBONES.components_dict.get(backbone.get('type'))
     strides = _OUTPUT_STRIDES.get(getattr(component, '__module__', None))
     value = backbone['output_stride']
-    if strides and (isinstance(value, bool) or value not in strides):
+    if strides and (not is_integer(value) or value not in strides):
         raise ConfigError(f'config {path}: model.backbone.output_stride must be one of '
                           f'{", ".join(map(str, strides))} for {backbone["type"]}, got {value!r} '
                           '(it builds no other stride): fix the config or the --opts item that '

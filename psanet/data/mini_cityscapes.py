@@ -14,7 +14,7 @@ import os
 import cv2
 import numpy as np
 
-from psanet.errors import ConfigError
+from psanet.errors import ConfigError, is_integer
 from psanet.files import check_save_dir, write_folder
 
 from .prepare_cityscapes import LABEL_IDS_SUFFIX, label_ids_to_train_ids
@@ -139,7 +139,7 @@ def generate(root, num_train=40, num_val=10, size=(256, 128), seed=0, cities=Non
         raise ValueError(f'size (width, height) must be at most {MAX_SIZE} (twice Cityscapes), '
                          f'got {tuple(size)}')
     for name, value in (('num_train', num_train), ('num_val', num_val), ('seed', seed)):
-        if not isinstance(value, (int, np.integer)) or value < 0:
+        if not is_integer(value, 0):
             raise ValueError(f'{name} must be a non-negative int, got {value!r}')
     counts = {'train': int(num_train), 'val': int(num_val)}
     split_cities = {split: _cities(cities, split) for split in counts}

@@ -16,7 +16,7 @@ import os
 import cv2
 import numpy as np
 
-from psanet.errors import DatasetError, DiskFullError
+from psanet.errors import DatasetError, DiskFullError, is_integer
 from psanet.files import write_file_whole, write_image
 
 from .validate import (CITYSCAPES_DOWNLOAD, CITYSCAPES_LAYOUT, IMAGE_SUFFIX, TRAIN_IDS_SUFFIX,
@@ -163,7 +163,7 @@ def prepare_cityscapes(root, num_workers=1, overwrite=False, splits=SPLITS, log=
         DatasetError: the layout is wrong, nothing is found, or a file cannot be converted.
     """
     log = log or (lambda line: None)
-    if not isinstance(num_workers, int) or num_workers < 1:
+    if not is_integer(num_workers, 1):
         raise ValueError(f'num_workers must be a positive int, got {num_workers!r}')
     check_dataset_root(root)
     summary = {}

@@ -20,7 +20,7 @@ import numpy as np
 from PIL import Image
 
 from psanet import interrupts
-from psanet.errors import ConfigError, DatasetError, few, unreadable_image
+from psanet.errors import ConfigError, DatasetError, few, is_integer, unreadable_image
 from psanet.files import make_output_dir, write_bytes
 
 __all__ = ['check_dataset_root', 'check_dataset_config',
@@ -154,7 +154,7 @@ def validate_dataset(dataset, num_classes, ignore_index=255, check_labels='all',
     """
     if check_labels not in _CHECK_LABELS:
         raise ValueError(f'check_labels must be one of {_CHECK_LABELS}, got {check_labels!r}')
-    if check_labels == 'sample' and (not isinstance(sample, int) or sample < 1):
+    if check_labels == 'sample' and not is_integer(sample, 1):
         raise ValueError(f'sample must be a positive int, got {sample!r}')
     root = getattr(dataset, 'dataset_root', None)
     mode = getattr(dataset, 'mode', None)

@@ -8,7 +8,7 @@ import yaml
 
 from psanet.contract import (DEFAULT_TRANSFORMS, DEPLOY_FILE, DEPLOY_SECTION, DYNAMIC_INPUT_SHAPE,
                              MIN_INPUT_SIZE, PALETTES, read_json)
-from psanet.errors import DeployError
+from psanet.errors import DeployError, is_integer
 
 from .attention_memory import ATTENTION_MEMORY, AttentionCost
 
@@ -197,8 +197,7 @@ class DeployConfig:
                                   f'got {value!r}: fix it or export the model again.')
         for key in ('num_classes', MIN_INPUT_SIZE):
             value = self.dic.get(key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value < 1):
+            if value is not None and not is_integer(value, 1):
                 raise DeployError(f'{path}: Deploy.{key} must be a positive integer, got '
                                   f'{value!r}: fix it or export the model again.')
         for file in (self.model, self.params):
@@ -207,8 +206,7 @@ class DeployConfig:
                                   f'the model again, or keep deploy.yaml next to its files.')
         shape = self.dic.get('input_shape', DYNAMIC_INPUT_SHAPE)
         if not isinstance(shape, (list, tuple)) or len(shape) != 4 or not all(
-                isinstance(s, int) and not isinstance(s, bool) and (s > 0 or s == -1)
-                for s in shape):
+                is_integer(s) and (s > 0 or s == -1) for s in shape):
             raise DeployError(f'{path}: Deploy.input_shape must be four integers N, 3, H, W '
                               f'(-1 for a dynamic one), got {shape!r}: fix it or export the '
                               'model again.')
@@ -272,7 +270,7 @@ class DeployConfig:
             return None
         values = [entry.get(key) for key in ('input_unit', 'bytes_per_element')] \
             if isinstance(entry, dict) else [None]
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
+        if not all(is_integer(v, 1) for v in values):
             raise DeployError(f'{self.path}: Deploy.{ATTENTION_MEMORY} must hold input_unit and '
                               f'bytes_per_element, positive integers, got {entry!r}: fix it or '
                               'export the model again.')

@@ -12,7 +12,7 @@ import os
 
 from psanet import interrupts
 from psanet.contract import check_outputs, color_map, get_image_list, read_images, save_prediction
-from psanet.errors import DeployError, UnreadableImagesError
+from psanet.errors import DeployError, UnreadableImagesError, is_integer
 from psanet.files import check_save_dir
 from psanet.log import ProgressBar, get_logger
 
@@ -133,8 +133,8 @@ def infer(config, image_path, save_dir='./output', batch_size=1, benchmark=False
             could not be read (each is also logged as it is skipped).
     """
     logger = get_logger()
-    if int(batch_size) < 1:
-        raise DeployError(f'--batch_size must be >= 1, got {batch_size}.')
+    if not is_integer(batch_size, 1):
+        raise DeployError(f'--batch_size must be an integer >= 1, got {batch_size!r}.')
     check_save_dir(save_dir)
     deploy = DeployConfig(config)
     images = get_image_list(image_path)

@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from psanet.errors import DeployError
+from psanet.errors import DeployError, is_integer
 
 from .deploy_config import DeployConfig
 from .attention_memory import check_batch_memory
@@ -78,8 +78,9 @@ def _check_array(i, image):
 
 
 def _checked_batch_size(batch_size):
-    if int(batch_size) < 1:
-        raise DeployError(f'batch_size must be >= 1, got {batch_size}.')
+    if not is_integer(batch_size, 1):
+        raise DeployError(f'batch_size must be an integer >= 1 (images per run), got '
+                          f'{batch_size!r}: pass a whole number such as 1.')
     return int(batch_size)
 
 
@@ -140,8 +141,7 @@ class Pipeline:
         """
         if int8 and device != 'cpu':
             raise DeployError('the INT8 model runs on the CPU; use device="cpu".')
-        if cpu_threads is not None and (isinstance(cpu_threads, bool) or
-                                        not isinstance(cpu_threads, int) or cpu_threads < 1):
+        if cpu_threads is not None and not is_integer(cpu_threads, 1):
             raise DeployError(f'cpu_threads must be an integer >= 1 (or None: PaddleSeg\'s '
                               f'{DEFAULT_CPU_THREADS}, or the CPUs this process may use when '
                               f'fewer, {default_cpu_threads()} here), got {cpu_threads!r}.')

@@ -15,7 +15,7 @@ import numpy as np
 
 from psanet import compat
 from psanet.contract import INPUT_NAME
-from psanet.errors import DeployError
+from psanet.errors import DeployError, is_integer
 from psanet.log import get_logger
 
 from .deploy_config import check_params_file
@@ -106,8 +106,9 @@ class PredictorOptions:
                                   f'{self.precision}; use --precision fp32 (fp16 needs '
                                   '--device gpu --use_trt True; the INT8 model runs with '
                                   '--backend onnxruntime or openvino).')
-            if int(self.cpu_threads) < 1:
-                raise DeployError(f'--cpu_threads must be >= 1, got {self.cpu_threads}.')
+            if not is_integer(self.cpu_threads, 1):
+                raise DeployError(f'--cpu_threads must be an integer >= 1, got '
+                                  f'{self.cpu_threads!r}.')
             cores = usable_cpus()
             if int(self.cpu_threads) > cores:
                 # More threads than cores only slows the math library; far more aborts OpenMP.

@@ -20,7 +20,7 @@ from paddleseg.models.backbones.resnet_vd import ResNet_vd
 from paddleseg.utils import logger, utils
 
 from psanet.compat import autocast_dtype
-from psanet.errors import ArgumentError, CheckpointError, ConfigError
+from psanet.errors import ArgumentError, CheckpointError, ConfigError, is_integer
 from psanet.models.reproduction import convert_reproduction_state, is_reproduction_state
 from psanet.ops import BI_DIRECTIONAL, COLLECT, DISTRIBUTE, PSA_TYPE_NAMES, PSAMask
 
@@ -28,12 +28,8 @@ __all__ = ['PSANet', 'PSAHead', 'PSABranch', 'AttentionMemory']
 _ELEMENT_BYTES = {paddle.float16: 2, paddle.bfloat16: 2, paddle.float32: 4, paddle.float64: 8}
 
 
-def _is_int(value):
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-
-
 def _check_positive_int(name, value):
-    if not _is_int(value) or value < 1:
+    if not is_integer(value, 1):
         raise ArgumentError(name, 'a positive integer', value)
 
 
@@ -145,7 +141,7 @@ class PSANet(nn.Layer):
         _check_positive_int('num_classes', num_classes)
         num_outputs = len(backbone.feat_channels)
         if (not isinstance(backbone_indices, (list, tuple)) or len(backbone_indices) != 2 or
-                not all(_is_int(i) and -num_outputs <= i < num_outputs
+                not all(is_integer(i) and -num_outputs <= i < num_outputs
                         for i in backbone_indices)):
             raise ArgumentError('backbone_indices', f'2 indices (auxiliary, main) of the '
                                 f'backbone\'s {num_outputs} outputs', backbone_indices)
@@ -276,7 +272,7 @@ class PSAHead(nn.Layer):
                  use_psa, compact, enable_auxiliary_loss):
         super().__init__()
         _check_positive_int('num_classes', num_classes)
-        if not _is_int(psa_type) or psa_type not in PSA_TYPE_NAMES:
+        if not is_integer(psa_type) or psa_type not in PSA_TYPE_NAMES:
             names = [f'{value} ({name})' for value, name in PSA_TYPE_NAMES.items()]
             raise ArgumentError('psa_type', f'{", ".join(names[:-1])} or {names[-1]}', psa_type)
         for name, value in (('mask_h', mask_h), ('mask_w', mask_w),
