@@ -200,8 +200,8 @@ def measure_cell(args, mask, height, width, num, notes, estimates):
         grad_y = paddle.randn(y.shape, 'float32')
         run(f'{impl} bwd', impl, 'backward',
             lambda: paddle.grad([y], [x], grad_outputs=[grad_y], retain_graph=True))
-        del y, grad_y
-    del x
+        y = grad_y = None  # freed before the next cell
+    x = None
     return times
 
 
@@ -244,7 +244,6 @@ def export_runners(args, mask, folder):
     """{backend: run(x) -> y} for the pure-Paddle op exported into ``folder``."""
     from paddle import inference
 
-    from psanet import compat
     from psanet.contract import PARAMS_FILE, PROGRAM_FILE
     from psanet.export import export_onnx
     spec = [paddle.static.InputSpec([None, mask * mask, None, None], 'float32', 'x')]

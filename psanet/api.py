@@ -12,6 +12,7 @@ called: a checkpoint exported and run in a backend, or run as the dygraph model
 """
 import os
 import tempfile
+from typing import Any, Dict, Optional
 
 from psanet.deploy.backends import EXPORT_BACKENDS
 from psanet.deploy.pipeline import Pipeline
@@ -28,8 +29,9 @@ class Segmenter(Pipeline):
     __doc__ = Pipeline.__doc__
 
     @classmethod
-    def from_config(cls, config, weights, backend=None, save_dir=None, inference=None,
-                    **options):
+    def from_config(cls, config: str, weights: str, backend: Optional[str] = None,
+                    save_dir: Optional[str] = None, inference: Any = None,
+                    **options: Any) -> 'Segmenter':
         """A trained checkpoint: exported and run in a backend, or run as the dygraph model.
 
         Args:
@@ -72,7 +74,8 @@ class Segmenter(Pipeline):
         return cls.from_export(path, backend=backend, workdir=workdir, **options)
 
     @classmethod
-    def _dygraph(cls, config, weights, save_dir, inference, options):
+    def _dygraph(cls, config: str, weights: str, save_dir: Optional[str], inference: Any,
+                 options: Dict[str, Any]) -> 'Segmenter':
         other = sorted(set(options) - set(DYGRAPH_OPTIONS))
         if other or save_dir is not None:
             given = other + (['save_dir'] if save_dir is not None else [])

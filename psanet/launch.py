@@ -30,7 +30,9 @@ import sys
 import tempfile
 import time
 import urllib.request
+from argparse import Namespace
 from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, cast
 
 from psanet import compat  # first: it filters Paddle's ccache notice before paddle loads
 from psanet.errors import ConfigError
@@ -64,11 +66,11 @@ class Launch:
         rendezvous_timeout: seconds the watcher gives the nodes to meet; None: no
             watcher (one node, or an etcd master).
     """
-    args: object
+    args: Namespace
     nnodes: int
     etcd: bool
     restart_own_failure: bool
-    rendezvous_timeout: object
+    rendezvous_timeout: Optional[float]
 
 
 def _flag(args, name):
@@ -109,7 +111,8 @@ def _parse(argv):
             f'unrecognized launcher flag{"s" * (len(unknown) > 1)} {" ".join(unknown)}: '
             'python -m psanet.launch --help lists the launcher\'s flags; train.py\'s flags '
             'go after the training script.')
-    for variable, (name, kind) in env_args_mapping.items():
+    mapping = cast(Dict[str, Tuple[str, Callable[[str], Any]]], env_args_mapping)
+    for variable, (name, kind) in mapping.items():
         if variable in os.environ:
             try:
                 setattr(args, name, kind(os.environ[variable]))
@@ -175,7 +178,7 @@ def _check_script(args):
                           'run from the repository root or give its path.')
 
 
-def check(argv):
+def check(argv: Sequence[str]) -> Optional[Launch]:
     """Checks a launch line (the launcher's flags, the script, the variables that
     override the flags) without touching the network; returns its :class:`Launch`, or
     None after ``--help``. Raises :class:`~psanet.errors.ConfigError` naming the
@@ -202,7 +205,7 @@ def check(argv):
                   else timeout)
 
 
-def check_here(launch):
+def check_here(launch: Launch) -> None:
     """Checks what the launch needs of this machine: the devices ``--devices`` /
     ``--gpus`` names, and with more than one node and an HTTP master on this machine,
     that its rendezvous server can start. Raises :class:`~psanet.errors.ConfigError`."""
@@ -251,7 +254,7 @@ def _check_master_port(args):
             probe.bind((address, port))
             error = 0
         except OSError as failed:
-            error = failed.errno
+            error = failed.errno or 0
     if error == errno.EADDRNOTAVAIL:
         return  # another machine's address: its node starts the server
     own = Node().ip
@@ -280,7 +283,7 @@ def _rendezvous_server_at(host, port):
         return False
 
 
-def check_etcd(master, timeout=ETCD_TIMEOUT):
+def check_etcd(master: str, timeout: float = ETCD_TIMEOUT) -> Optional[str]:
     """None when the etcd of ``etcd://host:port`` answers, else the error line's text."""
     try:
         import etcd3
@@ -300,7 +303,7 @@ def check_etcd(master, timeout=ETCD_TIMEOUT):
     return None
 
 
-def ranks_started(log_dir, since):
+def ranks_started(log_dir: str, since: float) -> bool:
     """True once a rank of this launch has written its ``workerlog.*`` in ``log_dir``
     (modified at ``since`` or later: a reused --log_dir holds older ones)."""
     for path in glob.glob(os.path.join(log_dir, 'workerlog.*')):
@@ -310,7 +313,7 @@ def ranks_started(log_dir, since):
     return False
 
 
-def watch_rendezvous(launcher, args, timeout):
+def watch_rendezvous(launcher: int, args: Namespace, timeout: float) -> None:
     """In a process of its own: SIGKILLs ``launcher`` and writes one line when the
     ranks it starts (their ``workerlog.*`` in ``--log_dir``) are not there in time."""
     child = os.fork()
@@ -340,7 +343,7 @@ def watch_rendezvous(launcher, args, timeout):
     os._exit(0)
 
 
-def restart_own_failure():
+def restart_own_failure() -> None:
     """Makes Paddle's elastic launcher restart, not end, when its own pod fails
     (psanet.compat.ELASTIC_OWN_FAILURE).
 
@@ -355,7 +358,8 @@ def restart_own_failure():
     ends ("peer not ready", the failed rank's exit code). With ``--elastic_level`` 1 the
     failure is always followed by a restart, so the status is RESTARTING at once."""
     from paddle.distributed.launch.context.status import Status
-    Status.fail = Status.restart  # ControllerBase.watch is its only caller
+    # ControllerBase.watch is its only caller.
+    Status.fail = Status.restart  # type: ignore[method-assign]
 
 
 def _stop_note():
@@ -375,7 +379,7 @@ def _print_stop_note(path):
         sys.stderr.flush()
 
 
-def main(argv=None):
+def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if any('etcd://' in arg for arg in argv + [os.environ.get('PADDLE_MASTER', '')]):
         # Before anything imports protobuf (Paddle does): the variable is read once.

@@ -117,7 +117,7 @@ def test_good_model_arguments_build():
 def _model_error(path, opts=None):
     cfg = load_config(path, opts=opts)
     with pytest.raises(ConfigError) as error:
-        ComponentBuilder(cfg).model
+        _ = ComponentBuilder(cfg).model
     return str(error.value)
 
 

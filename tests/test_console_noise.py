@@ -55,7 +55,7 @@ def test_the_noise_patterns_match_the_lines_upstream_prints():
 def test_building_a_shipped_config_prints_no_paddleseg_fill_ins_nor_yaml(config, capsys):
     from psanet.core.config import ComponentBuilder, load_config
     builder = ComponentBuilder(load_config(config), weights_follow=True)
-    builder.model, builder.losses
+    _ = builder.model, builder.losses
     out = capsys.readouterr()
     assert _noise(out.out + out.err) == {}, out.out
 

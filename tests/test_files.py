@@ -44,8 +44,8 @@ def _renames(path):
 
 
 def _package_files():
-    for folder, _, files in os.walk(PACKAGE):
-        for name in sorted(files):
+    for folder, _, names in os.walk(PACKAGE):
+        for name in sorted(names):
             if name.endswith('.py'):
                 yield os.path.relpath(os.path.join(folder, name), ROOT).replace(os.sep, '/')
 

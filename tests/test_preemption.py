@@ -197,8 +197,8 @@ def _check_trial(result, out, save_dir):
     result['stop'] = iteration
     if path != os.path.join(save_dir, f'iter_{iteration}') or not iteration >= result['step']:
         problems.append(f'stopped at {path} after the signal at step {result["step"]}')
-    resume = (f'resume with: python -m paddle.distributed.launch --nproc_per_node 2 train.py '
-              f'--config ')
+    resume = ('resume with: python -m paddle.distributed.launch --nproc_per_node 2 train.py '
+              '--config ')
     log0 = _read(os.path.join(out, 'log', 'workerlog.0'))
     if resume not in log0 or not re.search(rf'--resume_model {re.escape(path)}$', log0, re.M):
         problems.append('rank 0 logs no "resume with: ..." line naming the checkpoint')

@@ -151,7 +151,7 @@ def test_the_per_node_part_trains_two_nodes_stops_on_sigterm_and_continues_reque
     # Each task's output (slurm-<job>.out) ends with the stop and the resume line.
     resume = [line.split('resume with: ', 1)[1] for line in
               mn.read(_worker_log(work, job_id, 0, 0)).splitlines() if 'resume with: ' in line]
-    assert len(resume) == 1 and resume[0].endswith(f'--resume_model auto')
+    assert len(resume) == 1 and resume[0].endswith('--resume_model auto')
     for node in (0, 1):
         console = mn.read(os.path.join(out, f'task{node}.log'))
         assert mn.stop_lines(console) == mn.said_stop(step, path, save, resume[0]), \

@@ -23,8 +23,7 @@ from psanet.ops import psa_impl
 from psanet.core.visualize_attention import visualize_attention
 from psanet.visualize.attention import (MapGeometry, branch_map, capture_attention,
                                         check_points, parse_points, point_maps)
-from psanet.visualize.charts import (class_names, confusion_matrix_image, iou_bar_chart,
-                                     log_evaluation_figures, normalized_confusion,
+from psanet.visualize.charts import (class_names, confusion_matrix_image, log_evaluation_figures, normalized_confusion,
                                      write_evaluation_figures)
 from psanet.visualize.drawing import write_png
 

@@ -579,7 +579,7 @@ def main(argv=None):
             device = library.device_info()
         except CapiError as error:
             raise HarnessUnavailable(f'no usable CUDA device: {error}. This check needs an NVIDIA '
-                                     'GPU with a driver new enough for the toolkit.')
+                                     'GPU with a driver new enough for the toolkit.') from error
     except (HarnessUnavailable, OSError, ValueError) as error:
         log(f'run_gpu_checks: cannot run: {error}')
         return EXIT_UNAVAILABLE
