@@ -23,11 +23,8 @@ __all__ = ['EXPORT_BACKENDS', 'PACKAGES', 'installed', 'default_backend', 'creat
 EXPORT_BACKENDS = ('paddle', 'onnxruntime', 'openvino')
 # The pip package of each optional backend (Paddle Inference comes with paddlepaddle).
 PACKAGES = {'onnxruntime': 'onnxruntime', 'openvino': 'openvino'}
-# Fastest first, as bench/bench_deploy.py measured PSANet on the CPU (docs/deploy.md, "Which
-# backend by default"): the float model, onnxruntime first (R50 at 512x256: OpenVINO 1.45x
-# and Paddle Inference 1.42x its time); the INT8 model, OpenVINO first.
-CPU_ORDER = ('onnxruntime', 'openvino', 'paddle')
-INT8_ORDER = ('openvino', 'onnxruntime')
+# Fastest first, as measured on the CPU by bench/bench_deploy.py (docs/deploy.md).
+CPU_ORDER = ('openvino', 'onnxruntime', 'paddle')
 
 
 def installed(backend):
@@ -52,10 +49,11 @@ def default_backend(deploy, device='cpu', int8=False):
     if device != 'cpu':
         return 'paddle'
     has_onnx = (deploy.onnx_int8 if int8 else deploy.onnx) is not None
-    for backend in INT8_ORDER if int8 else CPU_ORDER:  # the INT8 model is an ONNX model
+    for backend in CPU_ORDER:
         if backend == 'paddle':
-            return backend
-        if has_onnx and installed(backend):
+            if not int8:  # the INT8 model is an ONNX model
+                return backend
+        elif has_onnx and installed(backend):
             return backend
     if not has_onnx:
         raise DeployError(f'{deploy.path} names no INT8 model; quantise the export first: '
