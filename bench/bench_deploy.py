@@ -3,7 +3,8 @@ onnxruntime, OpenVINO, and the INT8 model in onnxruntime and OpenVINO.
 
     python bench/bench_deploy.py [--config CFG] [--model_path PDPARAMS] [--val]
         [--num_images 8] [--size 256 128] [--batch_size 1] [--rounds 3] [--warmup 2]
-        [--cpu_threads 1] [--calib_num 32]
+        [--cpu_threads 1] [--calib_num 32] [--opts KEY=VALUE ...]
+    python bench/bench_deploy.py --smoke [--model_path PDPARAMS]     # CI: every backend runs
 
 Protocol (docs/deploy.md, "Benchmark protocol"): one model, exported once with the
 custom op and once with the pure-Paddle op (+ model.onnx, + model_int8.onnx
@@ -13,9 +14,13 @@ untimed batches; then each round runs every backend over all batches, backends
 interleaved, so that load from other processes falls on all of them alike. A
 time is one batch through the model alone (input already preprocessed, output
 copied to numpy); latency is per batch, images/s counts images. Each backend's
-output is compared with the dygraph model's logits (class agreement per pixel,
-largest difference); with --val the images are the config's val set and each
-backend's mIoU against the labels is printed too.
+outputs of the first round are compared with the dygraph model's logits (class
+agreement per pixel, largest difference); with --val the images are the config's
+val set and each backend's mIoU against the labels is printed too. The last lines name the
+backend ``psanet.Segmenter`` picks by default for the float and the INT8 model
+and how its time compares with the fastest row that runs the same model.
+--smoke is the CI run (tests/test_bench_deploy.py): the mini config, 2 generated
+images, 1 round, INT8 calibrated on 2 other images.
 """
 import argparse
 import glob
@@ -28,8 +33,19 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+# --smoke: the fewest images and runs that still run every backend once measured.
+SMOKE = {'num_images': 2, 'size': (64, 32), 'rounds': 1, 'warmup': 1, 'calib_num': 2,
+         'batch_size': 1, 'val': False, 'config': None, 'rows': None}
+# The rows of the backends psanet.Segmenter picks from (the pure-Paddle export, its defaults:
+# oneDNN on in Paddle Inference).
+API_ROWS = {('paddle', False): 'Paddle Inference, paddle op, oneDNN on',
+            ('onnxruntime', False): 'onnxruntime, ONNX, pure-Paddle op',
+            ('openvino', False): 'openvino, ONNX, pure-Paddle op',
+            ('onnxruntime', True): 'onnxruntime, INT8 ONNX',
+            ('openvino', True): 'openvino, INT8 ONNX'}
 
-def parse_args():
+
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--config', default=None,
                         help='Default: configs/psanet/*mini*.yml.')
@@ -46,7 +62,66 @@ def parse_args():
     parser.add_argument('--warmup', type=int, default=2, help='Untimed batches per backend.')
     parser.add_argument('--cpu_threads', type=int, default=1)
     parser.add_argument('--calib_num', type=int, default=32, help='INT8 calibration images.')
-    return parser.parse_args()
+    parser.add_argument('--opts', nargs='+', default=None,
+                        help='key=value config overrides, e.g. model.backbone.pretrained=null '
+                        '(the R50 config names ImageNet weights to download).')
+    parser.add_argument('--rows', nargs='+', default=None, metavar='WORD',
+                        help='Only the rows whose name holds one of these words, e.g. '
+                        '"oneDNN on" onnxruntime openvino (the dygraph model always runs: '
+                        'the others are compared with it).')
+    parser.add_argument('--smoke', action='store_true',
+                        help='CI smoke run: ' + ', '.join(
+                            f'--{k} {" ".join(map(str, v)) if isinstance(v, tuple) else v}'
+                            for k, v in SMOKE.items() if v not in (None, False)) +
+                        ' on the mini config, every row (overriding those flags).')
+    args = parser.parse_args(argv)
+    if args.smoke:
+        for key, value in SMOKE.items():
+            setattr(args, key, value)
+    return args
+
+
+def check_args(args):
+    """Each flag's mistake as one ConfigError line, before any work."""
+    from psanet.core.config import load_config
+    from psanet.core.weights import resolve_weights_path
+    from psanet.errors import ConfigError
+    for name in ('num_images', 'batch_size', 'rounds', 'cpu_threads', 'calib_num'):
+        if getattr(args, name) < 1:
+            raise ConfigError(f'--{name} must be >= 1, got {getattr(args, name)}.')
+    if args.warmup < 0:
+        raise ConfigError(f'--warmup must be >= 0, got {args.warmup}.')
+    if min(args.size) < 32:
+        raise ConfigError(f'--size must be at least 32 32 (W H), got {args.size[0]} '
+                          f'{args.size[1]}.')
+    config = args.config or sorted(glob.glob(os.path.join(ROOT, 'configs/psanet/*mini*.yml')))[0]
+    cfg = load_config(config, opts=args.opts)
+    weights = resolve_weights_path(args.model_path) if args.model_path else None
+    return config, cfg, weights
+
+
+def main(argv=None):
+    run_as_command(parse_args(argv), run)
+
+
+def run_as_command(args, work, prefix='bench_deploy_'):
+    """Runs ``work(args, config, cfg, weights, folder)`` with --cpu_threads set for every
+    math library, after :func:`check_args`, in a temporary folder removed afterwards; a
+    wrong flag or input is one ``error:`` line and exit code 2 (psanet.cli.run_cli)."""
+    # Before Paddle loads its math libraries: every backend gets the same threads.
+    for name in ('OMP_NUM_THREADS', 'MKL_NUM_THREADS', 'OPENBLAS_NUM_THREADS'):
+        os.environ[name] = str(args.cpu_threads)
+    from psanet.cli import exit_with, run_cli
+
+    def checked_then_run():
+        checked = check_args(args)
+        folder = tempfile.mkdtemp(prefix=prefix)
+        try:
+            work(args, *checked, folder)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    exit_with(run_cli(checked_then_run))
 
 
 def _images(args, cfg, work):
@@ -81,59 +156,52 @@ def _miou(labels, truths, num_classes, ignore=255):
     return float((np.diag(confusion)[present] / union[present]).mean())
 
 
-def main():
-    args = parse_args()
-    work = tempfile.mkdtemp(prefix='bench_deploy_')
+def _tools(skipped):
+    """(ONNX export possible, INT8 possible), naming in ``skipped`` what is not installed."""
+    from psanet.deploy.quantize import check_quantize_tools
+    from psanet.errors import ConfigError
+    from psanet.export import ONNX_INSTALL, onnx_tools_installed
+    if not onnx_tools_installed():
+        skipped.append(f'the ONNX rows and INT8 (the ONNX export needs them: {ONNX_INSTALL})')
+        return False, False
     try:
-        run(args, work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+        check_quantize_tools()
+    except ConfigError as error:
+        skipped.append(f'INT8 ({error})')
+        return True, False
+    return True, True
 
 
-def run(args, work):
-    # Before Paddle loads its math libraries: every backend gets the same threads.
-    for name in ('OMP_NUM_THREADS', 'MKL_NUM_THREADS', 'OPENBLAS_NUM_THREADS'):
-        os.environ[name] = str(args.cpu_threads)
+def run(args, config, cfg, weights, work):
     import cv2
     import numpy as np
     import paddle
-    import psanet.compat  # noqa: F401  (filters Paddle's ccache notice)
+    from psanet.core.config import ComponentBuilder
     from psanet.core.weights import load_model_weights
-    from psanet.core.config import ComponentBuilder, load_config
+    from psanet.deploy.backends import (PACKAGES, OpenVinoRunner, create_runner,
+                                        default_backend, installed)
     from psanet.deploy.deploy_config import DeployConfig
     from psanet.deploy.predictor import PaddleRunner, PredictorOptions
     from psanet.deploy.processing import preprocess
-    from psanet.deploy.backends import PACKAGES, OpenVinoRunner, create_runner, installed
-    from psanet.deploy.quantize import check_quantize_tools
-    from psanet.errors import ConfigError
-    from psanet.export import ONNX_INSTALL, ExportOptions, export_model, onnx_tools_installed
+    from psanet.deploy.quantize import DEFAULT_RECIPE
+    from psanet.export import ExportOptions, export_model
 
     paddle.set_device('cpu')
-    config = args.config or sorted(glob.glob(os.path.join(ROOT, 'configs/psanet/*mini*.yml')))[0]
-    cfg = load_config(config)
     model = ComponentBuilder(cfg).model
-    if args.model_path:
-        load_model_weights(model, args.model_path)
+    if weights:
+        load_model_weights(model, weights)
     model.eval()
     images, label_paths, calib = _images(args, cfg, work)
     transforms = cfg.dic['val_dataset']['transforms']
     skipped = []
-    onnx = onnx_tools_installed()
-    quantize = onnx
-    if not onnx:
-        skipped.append(f'the ONNX rows and INT8 (the ONNX export needs them: {ONNX_INSTALL})')
-    else:
-        try:
-            check_quantize_tools()
-        except ConfigError as error:
-            quantize = False
-            skipped.append(f'INT8 ({error})')
+    onnx, quantize = _tools(skipped)
     exports = {}
     for impl in ('custom', 'paddle'):
+        int8 = quantize and impl == 'paddle'
         exports[impl] = os.path.join(work, impl)
         export_model(model, transforms, exports[impl], ExportOptions(
             output_op='none', psa_impl=impl, onnx=onnx and impl == 'paddle',
-            quantize='int8' if quantize and impl == 'paddle' else None, calib_images=calib,
+            quantize='int8' if int8 else None, calib_images=calib if int8 else None,
             calib_num=args.calib_num))
     compose = DeployConfig(exports['custom']).build_transforms()
     singles = [preprocess([path], compose)[0] for path in images]
@@ -157,7 +225,7 @@ def run(args, work):
         if not installed(backend):
             skipped.append(f'{backend} (pip install {PACKAGES[backend]})')
             continue
-        backends.append((f'{backend}, ONNX, pure-Paddle op',
+        backends.append((API_ROWS[backend, False],
                          create_runner(paddle_export, backend, options).run))
         if backend == 'openvino':
             import openvino
@@ -170,38 +238,45 @@ def run(args, work):
                 skipped.append(f"openvino on model.json (OpenVINO {version}'s "
                                "Paddle frontend does not read Paddle 3's model.json)")
         if paddle_export.onnx_int8:
-            backends.append((f'{backend}, INT8 ONNX (convolutions)',
+            backends.append((API_ROWS[backend, True],
                              create_runner(paddle_export, backend, options, int8=True).run))
 
-    reference = [dygraph(x) for x in batches]
+    if args.rows:
+        backends = [(name, run_batch) for name, run_batch in backends
+                    if name == backends[0][0] or any(word in name for word in args.rows)]
     truths = None
     if label_paths:
         truths = [cv2.imread(path, cv2.IMREAD_GRAYSCALE) for path in label_paths]
-    times = {name: [] for name, _ in backends}
-    quality = {}
-    for name, run in backends:
+    for _, run_batch in backends:
         for _ in range(args.warmup):
-            run(batches[0])
-        outputs = [run(x) for x in batches]
-        labels = np.concatenate([o.argmax(1) for o in outputs])
-        quality[name] = (
-            float(np.mean(labels == np.concatenate([r.argmax(1) for r in reference]))),
-            float(max(np.abs(o - r).max() for o, r in zip(outputs, reference))),
-            _miou(labels, truths, outputs[0].shape[1]) if truths else None)
-    for _ in range(args.rounds):
-        for name, run in backends:
+            run_batch(batches[0])
+    times = {name: [] for name, _ in backends}
+    outputs = {name: [] for name, _ in backends}
+    for round_ in range(args.rounds):
+        for name, run_batch in backends:
             for x in batches:
                 start = time.perf_counter()
-                run(x)
+                output = run_batch(x)
                 times[name].append((time.perf_counter() - start) * 1000.0)
+                if round_ == 0:
+                    outputs[name].append(output)
+    reference = outputs[backends[0][0]]
+    quality = {}
+    for name, _ in backends:
+        labels = np.concatenate([o.argmax(1) for o in outputs[name]])
+        quality[name] = (
+            float(np.mean(labels == np.concatenate([r.argmax(1) for r in reference]))),
+            float(max(np.abs(o - r).max() for o, r in zip(outputs[name], reference))),
+            _miou(labels, truths, reference[0].shape[1]) if truths else None)
 
     base = np.sum(times[backends[0][0]])
     source = 'val images of the config' if args.val else 'generated images'
-    print(f'PSANet {os.path.basename(config)}, weights {args.model_path or "initial"}, '
+    print(f'PSANet {os.path.basename(config)}, weights {weights or "initial"}, '
           f'{len(images)} {source} of {singles[0].shape[3]}x{singles[0].shape[2]}, batch '
           f'{args.batch_size}, {args.cpu_threads} CPU thread(s), {args.warmup} warm-up '
           f'batches, {args.rounds} rounds, '
-          + (f'INT8 calibrated on {args.calib_num} other images, ' if quantize else '') +
+          + (f'INT8 ({DEFAULT_RECIPE.describe()}) calibrated on {args.calib_num} other '
+             'images, ' if quantize else '') +
           f'paddle {paddle.__version__}, load average {os.getloadavg()[0]:.1f} on '
           f'{os.cpu_count()} CPUs')
     miou = ' mIoU |' if truths else ''
@@ -216,8 +291,26 @@ def run(args, work):
         print(f'| {name} | {images_per_s:.2f} | {np.percentile(values, 50):.1f} | '
               f'{np.percentile(values, 90):.1f} | {base / values.sum():.2f}x | '
               f'{agree * 100:.3f}% | {diff:.1e} |{cell}')
+    for int8 in (False, True) if onnx else (False,):
+        if int8 and not paddle_export.onnx_int8:
+            continue
+        print(_default_line(default_backend(paddle_export, int8=int8), int8, times))
     for line in skipped:
         print(f'not run: {line}')
+
+
+def _default_line(chosen, int8, times):
+    """The API's default for the export against the rows that run the same model: its time
+    over the fastest one's (1.00x: it is the fastest measured here)."""
+    rows = {backend: API_ROWS[backend, int8] for backend, precision in API_ROWS
+            if precision == int8 and API_ROWS[backend, precision] in times}
+    total = {backend: sum(times[row]) for backend, row in rows.items()}
+    what = f'default {"INT8" if int8 else "float"} backend (psanet.Segmenter, CPU): {chosen}'
+    if chosen not in total:
+        return f'{what}, not measured here (--rows)'
+    fastest = min(total, key=total.get)
+    return (f'{what}, {total[chosen] / total[fastest]:.2f}x the time of the fastest measured '
+            f'({fastest}) of {", ".join(sorted(total))}')
 
 
 if __name__ == '__main__':

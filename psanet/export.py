@@ -7,6 +7,7 @@ dygraph model (:func:`compare_with_dygraph`); in the package only
 ``Segmenter.from_config`` imports it, when called. Output ops, op forms and
 PaddleSeg's contract: docs/deploy.md.
 """
+import contextlib
 import os
 from dataclasses import dataclass, field
 from typing import Optional, Sequence, Tuple
@@ -252,7 +253,7 @@ def _write_export(model, val_transforms, save_dir, options, num_classes):
                                     'float32', INPUT_NAME)]
     try:
         with use_psa_impl(options.psa_impl), keep_forward(model), \
-                without_stderr_lines(PIR_OUT_TENSOR):
+                without_stderr_lines(PIR_OUT_TENSOR), _zero_bias_on_lone_convolutions(model):
             # paddle.jit.save names its files <prefix>.json and <prefix>.pdiparams.
             paddle.jit.save(wrapped, os.path.join(save_dir, os.path.splitext(PROGRAM_FILE)[0]),
                             input_spec=spec)
@@ -292,6 +293,40 @@ def _write_export(model, val_transforms, save_dir, options, num_classes):
         with without_stderr_lines(ORT_UNUSED_INITIALIZER):
             quantize_export(DeployConfig(save_dir), options.calib_images,
                             list(options.calib_paths))
+
+
+BATCH_NORMS = (paddle.nn.BatchNorm, paddle.nn.BatchNorm2D, paddle.nn.SyncBatchNorm)
+
+
+@contextlib.contextmanager
+def _zero_bias_on_lone_convolutions(model):
+    """Gives each bias-free convolution that no batch norm follows a zero bias while the model
+    is saved (the weights file then holds it), and takes it away after.
+
+    Paddle Inference with oneDNN runs a convolution in oneDNN only where one of its fusion
+    passes rewrites it (its placement pass stays off, psanet.compat's ONEDNN_PLACEMENT);
+    a convolution with neither a bias nor a batch norm after it (PSA's attention
+    convolution, 512 -> 59 x 59 channels in R50) matches none and ran in Paddle's plain
+    CPU kernel, 5% of the R50 model's time at 512x256 (docs/deploy.md). With a bias,
+    ``conv2d_bias_fuse_pass`` takes it. Adding 0.0 changes no value. A convolution
+    counts as followed by a batch norm when the next layer of its parent is one, as in
+    every conv-BN block of paddleseg's layers and backbones.
+    """
+    added = []
+    for parent in model.sublayers(include_self=True):
+        children = list(parent.children())
+        for conv, after in zip(children, children[1:] + [None]):
+            if isinstance(conv, paddle.nn.Conv2D) and conv.bias is None and \
+                    not isinstance(after, BATCH_NORMS):
+                conv.bias = conv.create_parameter(
+                    [conv._out_channels], is_bias=True,
+                    default_initializer=paddle.nn.initializer.Constant(0.0))
+                added.append(conv)
+    try:
+        yield
+    finally:
+        for conv in added:
+            conv.bias = None
 
 
 def export_onnx(save_dir):

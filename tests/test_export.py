@@ -3,7 +3,9 @@ inference predictor (oneDNN off and on) and onnxruntime at two input sizes; fixe
 shapes, output ops, which graphs hold the custom op, and bad arguments. The ONNX tests
 skip where paddle2onnx or onnxruntime is not installed, saying why."""
 import importlib.util
+import json
 import os
+import re
 import subprocess
 import sys
 
@@ -83,6 +85,41 @@ def test_predictor_agrees_with_dygraph(exported, impl, enable_mkldnn):
         got = runner.run(inputs(shape))
         assert_logits_agree(got, logits[shape], RTOL,
                             f'predictor {impl} mkldnn={enable_mkldnn} {shape}')
+
+
+@pytest.mark.parametrize('impl', ['custom', 'paddle'])
+def test_every_convolution_runs_in_onednn(exported, impl, tmp_path, monkeypatch):
+    """With oneDNN on, a run's profile holds oneDNN convolutions only: none is left in
+    Paddle's plain conv2d kernel (PSA's attention convolution, which has neither a bias
+    nor a batch norm, is saved with a zero bias that a fusion pass takes); the dygraph
+    model keeps no bias it did not have."""
+    import paddle.profiler as profiler
+    model, dirs, _ = exported
+    bias_free = sorted(name for name, layer in model.named_sublayers()
+                       if isinstance(layer, paddle.nn.Conv2D) and layer.bias is None)
+    assert 'head.branches.0.attention.1' in bias_free
+    runner = PaddleRunner(DeployConfig(dirs[impl]),
+                          PredictorOptions(device='cpu', enable_mkldnn=True, cpu_threads=1))
+    runner.run(inputs(SHAPES[0]))
+    monkeypatch.chdir(tmp_path)
+    tracer = profiler.Profiler(targets=[profiler.ProfilerTarget.CPU])
+    tracer.start()
+    runner.run(inputs(SHAPES[0]))
+    tracer.stop()
+    tracer.export('profile.json', format='json')
+    with open('profile.json') as f:
+        events = json.load(f)
+    ops = [re.sub(r'\[.*\]$', '', e['name']) for e in events['traceEvents']
+           if e.get('cat') == 'Operator']
+    # The eval graph: every Conv2D of the model but the auxiliary head's.
+    convs = sum(isinstance(layer, paddle.nn.Conv2D) for name, layer in model.named_sublayers()
+                if not name.startswith('head.auxlayer'))
+    assert ops.count('pd_op.conv2d') == 0
+    assert ops.count('onednn_op.fused_conv2d') == convs
+    export_model(model, [{'type': 'Normalize'}], str(tmp_path / 'again'),
+                 ExportOptions(output_op='none', psa_impl=impl))
+    assert sorted(name for name, layer in model.named_sublayers()
+                  if isinstance(layer, paddle.nn.Conv2D) and layer.bias is None) == bias_free
 
 
 @pytest.fixture(scope='module')

@@ -63,7 +63,9 @@ def test_every_convolution_is_int8_with_per_channel_weights(export):
     save_dir, _ = export
     deploy = DeployConfig(save_dir)
     assert deploy.onnx_int8 == os.path.join(save_dir, quantize.INT8_FILE)
-    assert deploy.dic['int8_calibration'] == {'images': 3, 'ops': ['Conv']}
+    assert deploy.dic['int8_calibration'] == {
+        'images': 3, 'ops': ['Conv'], 'calibration': 'minmax', 'per_channel': True,
+        'float_classifier': False, 'reduce_range': False}
     graph, producers, initializers = _graph(deploy.onnx_int8)
     convs = [node for node in graph.node if node.op_type == 'Conv']
     assert convs
@@ -81,6 +83,65 @@ def test_every_convolution_is_int8_with_per_channel_weights(export):
         activation = producers[data.input[0]]
         assert activation.op_type == 'QuantizeLinear'
         assert initializers[activation.input[2]].dtype == np.uint8  # U8S8
+
+
+@pytest.fixture(scope='module')
+def recipe_export(export, tmp_path_factory):
+    """The fixture's export quantised again with every choice off its default: per-tensor
+    7-bit weights, percentile calibration, the classifier float."""
+    import shutil
+    save_dir = str(tmp_path_factory.mktemp('recipe') / 'export')
+    shutil.copytree(export[0], save_dir)
+    calib = os.path.join(os.path.dirname(export[0]), 'calib')
+    recipe = quantize.Int8Recipe(calibration='percentile', per_channel=False,
+                                 float_classifier=True, reduce_range=True)
+    quantize.quantize_export(DeployConfig(save_dir), calib,
+                             quantize.check_calib_images(calib, 3), recipe=recipe)
+    return save_dir
+
+
+@needs_tools
+def test_a_recipe_sets_the_weights_the_classifier_and_the_calibration(export, recipe_export):
+    deploy = DeployConfig(recipe_export)
+    assert deploy.dic['int8_calibration'] == {
+        'images': 3, 'ops': ['Conv'], 'calibration': 'percentile', 'per_channel': False,
+        'float_classifier': True, 'reduce_range': True}
+    graph, producers, initializers = _graph(deploy.onnx_int8)
+    convs = [node for node in graph.node if node.op_type == 'Conv']
+    # The classifier: the one convolution with a filter per class (19), 1x1.
+    classifier = [conv for conv in convs if conv.input[1] in initializers and
+                  initializers[conv.input[1]].shape[:1] == (19,)]
+    assert len(classifier) == 1 and initializers[classifier[0].input[1]].shape[2:] == (1, 1)
+    assert quantize.classifier_nodes(graph) == [classifier[0].name]
+    assert producers.get(classifier[0].input[0]) is None or \
+        producers[classifier[0].input[0]].op_type != 'DequantizeLinear'
+    for conv in convs:
+        if conv is classifier[0]:
+            continue
+        weight = producers[conv.input[1]]
+        q = initializers[weight.input[0]]
+        # One scale per tensor; 7-bit: the largest weight maps to +-64, not +-127.
+        assert initializers[weight.input[1]].shape == (), conv.name
+        assert 60 <= np.abs(q.astype(int)).max() <= 64, conv.name
+    # Percentile calibration sets other activation ranges than min/max on the same images.
+    default_graph, _, default_inits = _graph(DeployConfig(export[0]).onnx_int8)
+
+    def activation_scales(graph, inits):
+        return {node.input[0]: float(inits[node.input[1]]) for node in graph.node
+                if node.op_type == 'QuantizeLinear' and node.input[1] in inits}
+
+    ours, theirs = (activation_scales(graph, initializers),
+                    activation_scales(default_graph, default_inits))
+    shared = set(ours) & set(theirs)
+    assert len(shared) > 10
+    assert sum(ours[name] != theirs[name] for name in shared) > len(shared) / 2
+
+
+def test_a_recipe_that_cannot_work_is_refused():
+    with pytest.raises(ConfigError, match="calibration must be one of .*'minmax'.*got 'kl'"):
+        quantize.Int8Recipe(calibration='kl')
+    with pytest.raises(ConfigError, match='at least one operator type'):
+        quantize.Int8Recipe(op_types=())
 
 
 @needs_tools

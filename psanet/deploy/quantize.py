@@ -1,17 +1,18 @@
 """INT8 post-training quantisation of an export's ``model.onnx`` for the CPU.
 
-onnxruntime's static quantisation (QDQ format, int8 weights per output channel,
-uint8 activations with min/max ranges from calibration images run through the val
-transforms: the U8S8 pairing, which onnxruntime runs fastest on x86) writes
-``model_int8.onnx`` next to ``model.onnx`` and names it in deploy.yaml
-(``onnx_int8``). Only the operator types in ``QUANTIZED_OPS`` are quantised: the
-convolutions of the backbone and the head; the PSA attention
-(the mask gather, softmax and the (HW) x (HW) aggregation), the resizes and the
-output stay float. onnxruntime and OpenVINO both run the QDQ model in INT8.
-Why this path and its figures: docs/deploy.md ("INT8 on the CPU").
+onnxruntime's static quantisation (QDQ format, int8 weights, uint8 activations whose
+ranges come from calibration images run through the val transforms: the U8S8
+pairing, which onnxruntime runs fastest on x86) writes ``model_int8.onnx`` next to
+``model.onnx`` and names it in deploy.yaml (``onnx_int8``, and the recipe under
+``int8_calibration``). An :class:`Int8Recipe` says what is quantised and how;
+``DEFAULT_RECIPE`` is the choice bench/bench_int8.py measured best. onnxruntime and
+OpenVINO both run the QDQ model in INT8. Why this path and its figures:
+docs/deploy.md ("INT8 on the CPU").
 """
 import importlib.util
 import os
+from dataclasses import dataclass
+from typing import Tuple
 
 import yaml
 
@@ -24,11 +25,65 @@ from psanet.log import get_logger
 
 from .processing import preprocess
 
-__all__ = ['INT8_FILE', 'QUANTIZED_OPS', 'QUANTIZE_INSTALL', 'check_quantize_tools',
-           'check_calib_images', 'quantize_export']
+__all__ = ['INT8_FILE', 'Int8Recipe', 'DEFAULT_RECIPE', 'QUANTIZE_INSTALL',
+           'check_quantize_tools', 'check_calib_images', 'classifier_nodes', 'quantize_export']
 
 INT8_FILE = 'model_int8.onnx'
-QUANTIZED_OPS = ('Conv',)
+CALIBRATIONS = ('minmax', 'entropy', 'percentile')
+
+
+@dataclass(frozen=True)
+class Int8Recipe:
+    """What ``model_int8.onnx`` quantises, and how.
+
+    Args:
+        calibration (str, optional): How an activation's range is set from the calibration
+            images: 'minmax' (the smallest and largest value seen), 'entropy' (the range
+            whose 8-bit histogram keeps the most information, KL divergence) or
+            'percentile' (the 99.999th percentile of the magnitudes). Default: 'minmax'.
+        per_channel (bool, optional): One weight scale per output channel, else one per
+            tensor. Default: True.
+        op_types (tuple, optional): The ONNX operator types quantised; the others stay
+            float. 'Conv' alone keeps the PSA attention (the mask op's Gather, the
+            Softmax, the aggregation MatMul), the resizes and the additions float.
+            Default: ('Conv',).
+        float_classifier (bool, optional): The classifier (the convolutions that reach the
+            output through no other convolution) stays float. Default: False.
+        reduce_range (bool, optional): 7-bit weights: no int16 overflow in the U8S8
+            multiply-adds of CPUs without VNNI, at half the weight resolution.
+            Default: False.
+    """
+    calibration: str = 'minmax'
+    per_channel: bool = True
+    op_types: Tuple[str, ...] = ('Conv',)
+    float_classifier: bool = False
+    reduce_range: bool = False
+
+    def __post_init__(self):
+        if self.calibration not in CALIBRATIONS:
+            raise ConfigError(f'the INT8 calibration must be one of {CALIBRATIONS}, got '
+                              f'{self.calibration!r}.')
+        object.__setattr__(self, 'op_types', tuple(self.op_types))
+        if not self.op_types:
+            raise ConfigError('an INT8 recipe quantises at least one operator type, got none.')
+
+    def describe(self):
+        """One line: e.g. 'Conv INT8, per-channel weights, minmax calibration'."""
+        return (f'{"+".join(self.op_types)} INT8'
+                + (' but the classifier' if self.float_classifier else '') +
+                f', per-{"channel" if self.per_channel else "tensor"} '
+                f'{"7" if self.reduce_range else "8"}-bit weights, {self.calibration} '
+                'calibration')
+
+    def as_dict(self):
+        """What deploy.yaml records under ``int8_calibration`` (with the image count)."""
+        return {'ops': list(self.op_types), 'calibration': self.calibration,
+                'per_channel': self.per_channel, 'float_classifier': self.float_classifier,
+                'reduce_range': self.reduce_range}
+
+
+# The best measured on the trained mini model (docs/deploy.md, "INT8 on the CPU").
+DEFAULT_RECIPE = Int8Recipe()
 QUANTIZE_INSTALL = 'pip install onnxruntime onnx ml_dtypes'
 MIN_ONNXRUNTIME = (1, 32)  # the quantiser tested here
 
@@ -84,7 +139,25 @@ class _CalibrationReader:
         return None if batch is None else {self._input_name: batch}
 
 
-def quantize_export(deploy, calib_images, calib_paths, logger=None):
+def classifier_nodes(graph):
+    """Names of the Conv nodes of an ONNX graph from which an output is reached through no
+    other Conv: the classifier (the head's last 1x1 convolution, in PSANet)."""
+    producers = {out: node for node in graph.node for out in node.output}
+    found, seen = [], set()
+    stack = [output.name for output in graph.output]
+    while stack:
+        node = producers.get(stack.pop())
+        if node is None or node.name in seen:
+            continue
+        seen.add(node.name)
+        if node.op_type == 'Conv':
+            found.append(node.name)
+        else:
+            stack.extend(node.input)
+    return sorted(found)
+
+
+def quantize_export(deploy, calib_images, calib_paths, logger=None, recipe=DEFAULT_RECIPE):
     """Writes ``model_int8.onnx`` for the export ``deploy`` and names it in its deploy.yaml.
 
     Args:
@@ -94,6 +167,7 @@ def quantize_export(deploy, calib_images, calib_paths, logger=None):
         calib_paths (list[str]): The calibration images, as :func:`check_calib_images`
             lists them.
         logger (logging.Logger, optional): Default: the 'psanet' logger.
+        recipe (Int8Recipe, optional): What is quantised and how. Default: DEFAULT_RECIPE.
 
     Returns:
         str: the path of the INT8 model.
@@ -109,17 +183,21 @@ def quantize_export(deploy, calib_images, calib_paths, logger=None):
     target = os.path.join(deploy.dir, INT8_FILE)
     folded = target + '.folded'
     input_name = onnx.load(deploy.onnx, load_external_data=False).graph.input[0].name
-    logger.info(f'Quantising {os.path.basename(deploy.onnx)} to INT8 '
-                f'({", ".join(QUANTIZED_OPS)}) with '
-                f'{len(calib_paths)} calibration images from {calib_images} ...')
+    logger.info(f'Quantising {os.path.basename(deploy.onnx)} to INT8 ({recipe.describe()}) '
+                f'with {len(calib_paths)} calibration images from {calib_images} ...')
+    method = {'minmax': CalibrationMethod.MinMax, 'entropy': CalibrationMethod.Entropy,
+              'percentile': CalibrationMethod.Percentile}[recipe.calibration]
 
     def quantize(partial):
+        excluded = (classifier_nodes(onnx.load(folded, load_external_data=False).graph)
+                    if recipe.float_classifier else [])
         quantize_static(folded, partial,
                         _CalibrationReader(calib_paths, deploy.build_transforms(), input_name),
-                        quant_format=QuantFormat.QDQ, per_channel=True,
+                        quant_format=QuantFormat.QDQ, per_channel=recipe.per_channel,
+                        reduce_range=recipe.reduce_range,
                         activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                        op_types_to_quantize=list(QUANTIZED_OPS),
-                        calibrate_method=CalibrationMethod.MinMax)
+                        op_types_to_quantize=list(recipe.op_types), nodes_to_exclude=excluded,
+                        calibrate_method=method)
         interrupts.raise_if_requested()  # before the INT8 model is named: the export stays
 
     try:
@@ -133,7 +211,7 @@ def quantize_export(deploy, calib_images, calib_paths, logger=None):
             os.remove(folded)
     _name_in_deploy_yaml(deploy, {'onnx_int8': INT8_FILE,
                                   'int8_calibration': {'images': len(calib_paths),
-                                                       'ops': list(QUANTIZED_OPS)}})
+                                                       **recipe.as_dict()}})
     logger.info(f'Wrote {INT8_FILE}.')
     return target
 
