@@ -2,7 +2,6 @@
 inference predictor (oneDNN off and on) and onnxruntime at two input sizes; fixed
 shapes, output ops, which graphs hold the custom op, and bad arguments. The ONNX tests
 skip where paddle2onnx or onnxruntime is not installed, saying why."""
-import importlib.util
 import json
 import os
 import re
