@@ -185,7 +185,11 @@ def test_a_failed_download_of_pretrained_weights_says_how_to_go_on(monkeypatch):
                               f'{url} (')
     assert '(simulated)' in message
     assert '--opts model.backbone.pretrained=/path/to/model.pdparams' in message
-    assert '--opts model.backbone.pretrained=null' in message
+    assert '--opts model.backbone.pretrained=None' in message
+    # The advice works: with it after the URL, the model builds from random weights, offline.
+    advice = message.rsplit('--opts ', 1)[1].rstrip('.')
+    cfg = load_config(MINI_CONFIG, opts=[f'model.backbone.pretrained={url}', advice])
+    assert ComponentBuilder(cfg).model is not None
 
 
 @pytest.mark.parametrize('flag, value, zero', [('num_workers', -1, 'load in the main process'),

@@ -347,7 +347,7 @@ class ComponentBuilder:
         return (f'config {self.path}: cannot download {what} ({detail}). Without network, '
                 f'download the file elsewhere and pass its local path (--opts '
                 f'{key}.pretrained=/path/to/model.pdparams), or start from random weights '
-                f'with --opts {key}.pretrained=null.')
+                f'with --opts {key}.pretrained=None.')
 
     @property
     def losses(self):
