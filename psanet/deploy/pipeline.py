@@ -10,6 +10,8 @@ whose ``from_config`` takes a checkpoint). predict.py, deploy/python/infer.py
 and the API all run these stages.
 """
 import os
+import tempfile
+from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -25,8 +27,12 @@ from .backends import create_runner, default_backend
 
 __all__ = ['Pipeline']
 
+Image = Union[str, 'os.PathLike[str]', np.ndarray]  # a path, or a BGR uint8 H x W x 3 array
+Images = Union[Image, Sequence[Image]]
+Info = Tuple[Any, Tuple[int, int]]  # what postprocess needs of an image: transforms, size
 
-def _as_list(images):
+
+def _as_list(images: Any) -> Tuple[List[Image], bool]:  # what it checks, as given
     """``(list of images, whether one image was given)``; each a path or a BGR array."""
     if images is None:
         raise DeployError('expected an image path, a BGR numpy array or a list of them, got '
@@ -53,7 +59,7 @@ def _as_list(images):
     return items, single
 
 
-def _check_array(i, image):
+def _check_array(i: int, image: np.ndarray) -> None:
     """A BGR array as cv2.imread reads it: uint8 H x W x 3, not empty. Another dtype would be
     taken as 0-255 values and give other classes without a word."""
     if image.ndim != 3 or image.shape[2] != 3:
@@ -77,7 +83,7 @@ def _check_array(i, image):
                           'an image of at least 1 x 1 pixels.')
 
 
-def _checked_batch_size(batch_size):
+def _checked_batch_size(batch_size: Any) -> int:
     if not is_integer(batch_size, 1):
         raise DeployError(f'batch_size must be an integer >= 1 (images per run), got '
                           f'{batch_size!r}: pass a whole number such as 1.')
@@ -109,8 +115,10 @@ class Pipeline:
             (``psanet.Segmenter.from_config``'s temporary export). Default: None.
     """
 
-    def __init__(self, runner, transforms, output_op='none', batch_size=1, backend=None,
-                 deploy=None, attention_cost=None, workdir=None):
+    def __init__(self, runner: Any, transforms: Any, output_op: str = 'none',
+                 batch_size: int = 1, backend: Optional[str] = None,
+                 deploy: Optional[DeployConfig] = None, attention_cost: Any = None,
+                 workdir: Optional[tempfile.TemporaryDirectory] = None) -> None:
         self.runner, self.transforms, self.output_op = runner, transforms, output_op
         self.batch_size = _checked_batch_size(batch_size)
         self.backend, self.deploy = backend, deploy
@@ -118,8 +126,10 @@ class Pipeline:
         self._min_input_size = deploy.min_input_size if deploy is not None else None
 
     @classmethod
-    def from_export(cls, path, backend=None, device=DEFAULT_DEVICE, cpu_threads=None, batch_size=1,
-                    enable_mkldnn=API_ENABLE_MKLDNN, int8=False, workdir=None):
+    def from_export(cls, path: str, backend: Optional[str] = None, device: str = DEFAULT_DEVICE,
+                    cpu_threads: Optional[int] = None, batch_size: int = 1,
+                    enable_mkldnn: bool = API_ENABLE_MKLDNN, int8: bool = False,
+                    workdir: Optional[tempfile.TemporaryDirectory] = None) -> Any:
         """The export in ``path`` (deploy.yaml or its folder) in one backend.
 
         Args:
@@ -151,8 +161,10 @@ class Pipeline:
         return cls.from_deploy(deploy, backend, options, bool(int8), batch_size, workdir)
 
     @classmethod
-    def from_deploy(cls, deploy, backend=None, options=None, int8=False, batch_size=1,
-                    workdir=None):
+    def from_deploy(cls, deploy: DeployConfig, backend: Optional[str] = None,
+                    options: Optional[PredictorOptions] = None, int8: bool = False,
+                    batch_size: int = 1,
+                    workdir: Optional[tempfile.TemporaryDirectory] = None) -> Any:
         """The export ``deploy`` in ``backend`` with every predictor option
         (:class:`psanet.deploy.predictor.PredictorOptions`: TensorRT, precision, ...), as
         deploy/python/infer.py runs it; ``backend`` None picks as ``from_export`` does."""
@@ -166,12 +178,12 @@ class Pipeline:
         return cls(runner, transforms, deploy.output_op, batch_size, backend, deploy,
                    attention if options.device == 'cpu' else None, workdir)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         source = self.deploy.dir if self.deploy is not None else type(self.runner).__name__
         return (f'{type(self).__name__}({source!r}, backend={self.backend!r}, output_op='
                 f'{self.output_op!r}, batch_size={self.batch_size})')
 
-    def __call__(self, images):
+    def __call__(self, images: Images) -> Union[np.ndarray, List[np.ndarray]]:
         """Label maps: one uint8 ``[H, W]`` array at each image's size (a list for a list).
 
         Args:
@@ -184,7 +196,7 @@ class Pipeline:
             labels.extend(self.postprocess(output, infos))
         return labels[0] if single else labels
 
-    def logits(self, images):
+    def logits(self, images: Images) -> Union[np.ndarray, List[np.ndarray]]:
         """Scores: one float32 ``[C, H, W]`` array at each image's size (a list for a list):
         logits, or probabilities where the model ends in softmax."""
         if self.output_op == 'argmax':
@@ -199,7 +211,8 @@ class Pipeline:
 
     # The three stages, which infer.py times one by one.
 
-    def preprocess(self, images, names=None):
+    def preprocess(self, images: Sequence[Image], names: Optional[Sequence[str]] = None
+                   ) -> Tuple[np.ndarray, List[Info]]:
         """``(batch, infos)`` of images (paths or BGR arrays) of one size after the
         transforms: the float32 ``[N, 3, H, W]`` batch, and per image what
         ``postprocess`` needs to map the output back to it. A batch smaller than the
@@ -208,7 +221,7 @@ class Pipeline:
         check_input_size(batch, image_names(images, names), self._min_input_size)
         return batch, [(info, image.shape[:2]) for info, image in zip(trans_infos, read)]
 
-    def run(self, batch):
+    def run(self, batch: np.ndarray) -> np.ndarray:
         """The runner's output for a preprocessed batch."""
         if self._attention is not None:
             check_batch_memory(self._attention, batch.shape)
@@ -220,19 +233,20 @@ class Pipeline:
                               'another backend, or images of another size.')
         return output
 
-    def postprocess(self, output, infos):
+    def postprocess(self, output: np.ndarray, infos: Sequence[Info]) -> List[np.ndarray]:
         """One uint8 label map per image at its size, from ``run``'s output."""
         trans_infos, sizes = zip(*infos)
         return postprocess(output, self.output_op, list(trans_infos), list(sizes))
 
-    def restore(self, output, infos):
+    def restore(self, output: np.ndarray, infos: Sequence[Info]) -> List[np.ndarray]:
         """One float32 ``[C, H, W]`` score map per image at its size, from ``run``'s output."""
         return [restore_logits(score, info, size) for score, (info, size) in zip(output, infos)]
 
-    def _outputs(self, items):
+    def _outputs(self, items: List[Image]) -> Iterator[Tuple[np.ndarray, List[Info]]]:
         """``(output, infos)`` per run: consecutive images of one size, batch_size a run."""
         names = image_names(items)
-        group, infos = [], []
+        group: List[np.ndarray] = []
+        infos: List[Info] = []
         for item, name in zip(items, names):
             batch, info = self.preprocess([item], [name])
             if group and (len(group) == self.batch_size or group[0].shape != batch.shape):
