@@ -18,7 +18,7 @@ import engine_helpers as helpers
 from disk_helpers import digests
 from psanet.cli import run_cli
 from psanet.core import checkpoint as ckpt
-from psanet.core.run_folder import recipe_changes
+from psanet.core.options import recipe_changes
 from psanet.core.train import resume_command, train_from_config
 
 ITERS = 10

@@ -20,12 +20,12 @@ import numpy as np
 from psanet.contract import read_json
 from psanet.core import checkpoint as ckpt
 from psanet.core import dist
-from psanet.core.options import RESUME_AUTO
+from psanet.core.options import RESUME_AUTO, recipe_changes
 from psanet.errors import CheckpointError, ConfigError, few
 from psanet.files import delete_folders, remove_stale_temporaries
 from psanet.log import get_logger
 
-__all__ = ['LOCK_FILE', 'BEST_MODEL', 'RunState', 'RunFolder', 'recipe_changes']
+__all__ = ['LOCK_FILE', 'BEST_MODEL', 'RunState', 'RunFolder']
 
 LOCK_FILE = '.train.lock'
 BEST_MODEL = 'best_model'
@@ -389,30 +389,6 @@ def _names(paths):
     if len(names) <= 5:
         return ', '.join(names)
     return f'{", ".join(names[:2])}, ..., {", ".join(names[-2:])} ({len(names)} folders)'
-
-
-def _flatten(value, prefix=''):
-    if isinstance(value, dict):
-        items = {}
-        for key, item in value.items():
-            items.update(_flatten(item, f'{prefix}.{key}' if prefix else str(key)))
-        return items
-    if isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value):
-        items = {f'{prefix}.length': len(value)}
-        for index, item in enumerate(value):
-            items.update(_flatten(item, f'{prefix}[{index}]'))
-        return items
-    return {prefix: value}
-
-
-def recipe_changes(saved, current):
-    """``key: saved -> current`` for every config key (dotted, with list indices) whose
-    value differs between two :func:`~psanet.core.options.training_recipe` records."""
-    saved, current = _flatten(saved), _flatten(current)
-    missing = object()
-    return [f'{key}: {saved.get(key, "(none)")} -> {current.get(key, "(none)")}'
-            for key in sorted(set(saved) | set(current))
-            if saved.get(key, missing) != current.get(key, missing)]
 
 
 def _warn_of_another_recipe(options, resume_model, saved):
