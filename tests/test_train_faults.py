@@ -503,3 +503,10 @@ def test_two_open_folders_each_delete_only_what_overwrite_replaces_in_it(tmp_pat
         first.resume(layer, optimizer, None)
         assert not os.path.exists(folders[0] / 'iter_2')
     assert sorted(os.listdir(folders[0])) == sorted(os.listdir(folders[1])) == []
+
+
+def test_a_folder_not_opened_is_refused_before_it_resumes(tmp_path):
+    folder = RunFolder(TrainOptions(iters=4, batch_size=1, save_dir=str(tmp_path / 'out')))
+    with pytest.raises(RuntimeError, match=r'with RunFolder\(options\) as folder'):
+        folder.resume(paddle.nn.Linear(1, 1), None, None)
+    assert not os.path.exists(tmp_path / 'out')  # neither locked nor made

@@ -82,7 +82,7 @@ class RunFolder:
         self._auto = options.resume_model == RESUME_AUTO
         self.resume_model = None if self._auto else options.resume_model
         self._main = dist.is_main_process()
-        self._lock = None
+        self._lock, self._open = None, False
         self._loaded = None  # rank 0: what was read of resume_model, until resume() takes it
         self._in_the_way = []  # rank 0, --overwrite: deleted once resume() has loaded
 
@@ -119,6 +119,7 @@ class RunFolder:
         except BaseException:
             self.close()
             raise
+        self._open = True
         return self
 
     def __exit__(self, *exc):
@@ -126,6 +127,7 @@ class RunFolder:
 
     def close(self):
         """Removes the temporaries of an interrupted save and unlocks (rank 0; once)."""
+        self._open = False
         if self._lock is not None:
             remove_stale_temporaries(self.path)
             self._lock.release()
@@ -233,6 +235,9 @@ class RunFolder:
             tuple: the :class:`RunState` to start from, its seed the checkpoint's, else
             ``options.seed``, else drawn; and the checkpoint's train_state ({}: none).
         """
+        if not self._open:
+            raise RuntimeError('a RunFolder resumes inside its block: with RunFolder(options) '
+                               'as folder: train(..., folder)')
         # Imported here: the model stack, which locking a folder does not need.
         from psanet.core.weights import check_state_fits
         options, path, logger = self.options, self.resume_model, get_logger()
