@@ -232,3 +232,11 @@ def write_config(path, config):
     with open(path, 'w') as f:
         yaml.safe_dump(config, f)
     return str(path)
+
+
+def train_in_folder(model, dataset, optimizer, losses, options, val_dataset=None):
+    """``train()`` in the RunFolder of ``options``, opened as train_from_config opens it."""
+    from psanet.core.run_folder import RunFolder
+    from psanet.core.train import train
+    with RunFolder(options) as folder:
+        return train(model, dataset, optimizer, losses, folder, val_dataset)

@@ -27,13 +27,12 @@ import json, os, sys
 sys.path[:0] = [{tests!r}, {repo!r}]
 import numpy as np
 import paddle
-import engine_helpers  # noqa: F401  (registers TinySegNet)
+import engine_helpers  # registers TinySegNet
 from psanet.core import dist
 from psanet.core.weights import load_model_weights
 from psanet.core.config import ComponentBuilder, load_config
 from psanet.core.data_loader import SampleReader, TrainBatchSampler
 from psanet.core.options import EvalOptions, TrainOptions
-from psanet.core.train import train
 from psanet.core.val import evaluate
 
 out, config, weights = sys.argv[1:4]
@@ -53,10 +52,11 @@ def recording(self, index):
     return original(self, index)
 
 SampleReader.__getitem__ = recording
-result = train(model, train_dataset, builder.optimizer, builder.losses,
-               TrainOptions(iters=4, batch_size=2, save_dir=os.path.join(out, 'train'),
-                            save_interval=4, log_iters=1),
-               val_dataset=builder.dataset('val'))
+result = engine_helpers.train_in_folder(
+    model, train_dataset, builder.optimizer, builder.losses,
+    TrainOptions(iters=4, batch_size=2, save_dir=os.path.join(out, 'train'), save_interval=4,
+                 log_iters=1),
+    val_dataset=builder.dataset('val'))
 SampleReader.__getitem__ = original
 np.savez(os.path.join(out, 'params_%d.npz' % rank),
          **{{k: v.numpy() for k, v in model.named_parameters()}})

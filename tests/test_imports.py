@@ -281,8 +281,8 @@ def test_importing_the_models_registers_psanet_with_paddleseg():
 
 def test_the_save_dir_lock_and_the_checkpoints_load_no_paddleseg():
     # A run's folder is locked and its checkpoints listed before any config is built.
-    loaded = _loaded_after('import psanet.core.run_dir\nimport psanet.core.checkpoint')
-    assert 'psanet.core.run_dir' in loaded and 'psanet.core.checkpoint' in loaded
+    loaded = _loaded_after('import psanet.core.run_folder')
+    assert 'psanet.core.run_folder' in loaded and 'psanet.core.checkpoint' in loaded
     assert not [m for m in loaded if m.startswith(('paddleseg', 'psanet.core.config',
                                                    'psanet.models'))], loaded
 

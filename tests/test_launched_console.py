@@ -97,6 +97,7 @@ def test_psanet_launch_prints_the_stop_last_whatever_its_console(tmp_path, mini_
     text = (tmp_path / 'console').read_text()
     assert code == signal.SIGINT, text[-3000:]
     said = _stop_lines(text, rank_log, save_dir)
+    assert ' -m paddle.distributed.launch ' not in said[-1], said[-1]  # psanet.launch's own
     lines = [line for line in text.splitlines() if line.strip()]
     assert lines[-2:] == said
     assert lines[-3].startswith('LAUNCH INFO') and 'Exit with signal 2' in lines[-3]

@@ -18,8 +18,8 @@ import engine_helpers as helpers
 from disk_helpers import digests
 from psanet.cli import run_cli
 from psanet.core import checkpoint as ckpt
-from psanet.core.resume import recipe_changes, resume_command
-from psanet.core.train import train_from_config
+from psanet.core.options import recipe_changes
+from psanet.core.train import resume_command, train_from_config
 
 ITERS = 10
 INTERVAL = 3  # checkpoints at 3, 6, 9 and 10
@@ -238,6 +238,82 @@ def test_a_checkpoint_without_train_state_is_refused_naming_it(tmp_path, capsys,
     assert {k: v for k, v in digests(save_dir).items() if k != 'train.log'} == before
 
 
+def _small_checkpoint(path, iteration):
+    """A checkpoint folder that loads (of a one-layer model: refused before any is built)."""
+    layer = paddle.nn.Linear(1, 1)
+    return ckpt.save_checkpoint(path, layer, paddle.optimizer.SGD(parameters=layer.parameters()),
+                                {'iteration': iteration})
+
+
+@pytest.mark.parametrize('resume', ['auto', 'named'])
+def test_a_checkpoint_whose_name_and_state_disagree_is_refused(tmp_path, capsys, toy, resume):
+    # iter_4 holding iteration 2 (copied or renamed) would resume "from iter_4 at iteration 2".
+    save_dir = str(tmp_path / 'out')
+    checkpoint = _small_checkpoint(os.path.join(save_dir, 'iter_4'), 2)
+    before = digests(save_dir)
+    code, error, out, _ = _run(capsys, toy[1], save_dir,
+                               resume_model='auto' if resume == 'auto' else checkpoint)
+    assert code == 2 and 'Resumed' not in out and 'resuming' not in out
+    flag = '--resume_model auto:' if resume == 'auto' else '--resume_model'
+    assert error == (
+        f'error: {flag} {checkpoint} holds iteration 2 by its train_state.json but iteration 4 '
+        'by its name (copied or renamed?): rename the folder iter_2 or correct "iteration" in '
+        'its train_state.json, so that the two agree.')
+    assert digests(save_dir) == before  # no train.log either
+
+
+def test_auto_over_another_runs_best_model_alone_is_refused(tmp_path, capsys, toy):
+    save_dir = str(tmp_path / 'out')
+    _small_checkpoint(os.path.join(save_dir, 'best_model'), 9)
+    before = digests(save_dir)
+    code, error, _, _ = _run(capsys, toy[1], save_dir)
+    assert code == 2 and error == (
+        f'error: --save_dir {save_dir} holds the checkpoints of another run (best_model): a new '
+        'run there would overwrite some of them and mix with the others. Pick a new --save_dir, '
+        'or delete them to start over (--overwrite does not go with --resume_model auto).')
+    assert digests(save_dir) == before
+
+
+def _best_model(save_dir):
+    with open(os.path.join(save_dir, 'best_model', ckpt.STATE_FILE)) as f:
+        return json.load(f)
+
+
+@pytest.mark.parametrize('best_model', ['gone', 'newer'])
+def test_the_best_to_beat_is_the_best_model_in_the_folder(tmp_path, capsys, toy, uninterrupted,
+                                                         best_model):
+    """'gone': the resumed checkpoint's best (a perfect mIoU at iter 6) has no best_model/
+    here: it starts over, so that this run keeps one. 'newer': auto passed over iter_9, and
+    the best_model/ of iter 9 stays the one to beat."""
+    save_dir = str(tmp_path / 'stopped')
+    _stopped_at(uninterrupted[0], save_dir, 9)
+    newest = os.path.join(save_dir, 'iter_9')
+    if best_model == 'gone':
+        shutil.rmtree(newest)
+        with open(os.path.join(save_dir, 'iter_6', ckpt.STATE_FILE)) as f:
+            state = json.load(f)
+        with open(os.path.join(save_dir, 'iter_6', ckpt.STATE_FILE), 'w') as f:
+            json.dump(dict(state, best_miou=1.0, best_iter=6), f)
+    else:
+        shutil.copytree(newest, os.path.join(save_dir, 'best_model'))
+        with open(os.path.join(save_dir, 'best_model', ckpt.STATE_FILE), 'w') as f:
+            json.dump({'iteration': 9, 'miou': 1.0}, f)
+        os.remove(os.path.join(newest, ckpt.OPTIMIZER_FILE))
+    code, error, out, result = _run(capsys, toy[1], save_dir, do_eval=True)
+    assert code == 0 and error is None and result['start_iter'] == 6
+    evals = {iteration: evaluated['miou'] for iteration, evaluated in result['evals']}
+    assert sorted(evals) == [9, 10] and max(evals.values()) < 1.0
+    if best_model == 'gone':
+        assert _said(out, 'is not kept; this run saves its own best model')
+        best = max(evals, key=evals.get)
+        assert _best_model(save_dir) == {'iteration': best, 'miou': evals[best]}
+        assert (result['best_iter'], result['best_miou']) == (best, evals[best])
+    else:
+        assert _said(out, 'is newer than the resumed checkpoint: it stays the best to beat')
+        assert _best_model(save_dir) == {'iteration': 9, 'miou': 1.0}
+        assert (result['best_iter'], result['best_miou']) == (9, 1.0)
+
+
 def test_recipe_changes_names_each_key():
     saved = {'iters': 10, 'model': {'type': 'A', 'backbone': {'depth': 50}},
              'train_dataset': {'transforms': [{'type': 'Flip'}, {'type': 'Crop', 'size': [2, 2]}]}}
@@ -263,6 +339,11 @@ def test_the_resume_line_of_an_auto_run_is_the_same_command(monkeypatch):
     assert resume_command('out/iter_5', 2, Options()) == (
         'python -m paddle.distributed.launch --nproc_per_node 2 train.py --config c.yml '
         '--save_dir out --resume_model out/iter_5')
+    # Under psanet.launch (which names its stop note in the ranks' environment): its line.
+    monkeypatch.setenv('PSANET_STOP_NOTE', '/tmp/note')
+    assert resume_command('out/iter_5', 2, Options()) == (
+        'python -m psanet.launch --nproc_per_node 2 train.py --config c.yml '
+        '--save_dir out --resume_model out/iter_5')
     # On two nodes each has its own launch line (--master, --rank): train.py's part only.
     monkeypatch.setenv('PADDLE_NNODES', '2')
     assert resume_command('out/iter_5', 2, Options()) == (
@@ -270,19 +351,21 @@ def test_the_resume_line_of_an_auto_run_is_the_same_command(monkeypatch):
         '--resume_model out/iter_5')
 
 
-def test_a_rank_that_does_not_see_the_checkpoint_of_rank_0_says_why(tmp_path):
-    # What a node without the shared --save_dir sees: rank 0's choice, and no such folder.
+def test_a_rank_that_does_not_see_the_checkpoint_of_rank_0_says_why(tmp_path, monkeypatch):
+    # Rank 1 of a run whose --save_dir is not shared: rank 0 picked iter_6, which is not here.
+    from psanet.core import dist
     from psanet.core.options import TrainOptions
-    from psanet.core.resume import refuse_another_recipe
-    from psanet.core.run_dir import RunFolder
+    from psanet.core.run_folder import RunFolder
     from psanet.errors import CheckpointError
+    monkeypatch.setattr(dist, 'rank', lambda: 1)
+    monkeypatch.setattr(dist, 'all_reduce_sum', lambda values: np.array([0.0, 6 + 1.0]))
     save_dir = str(tmp_path / 'out')
-    options = TrainOptions(iters=10, batch_size=2, save_dir=save_dir, resume_model='auto',
-                           recipe={'iters': 10})
-    missing = os.path.join(save_dir, 'iter_6')
-    with pytest.raises(CheckpointError) as info:
-        refuse_another_recipe(options, RunFolder(save_dir, resume_model=missing))
+    options = TrainOptions(iters=10, batch_size=2, save_dir=save_dir, resume_model='auto')
+    with pytest.raises(CheckpointError) as info, RunFolder(options):
+        pass
+    state = os.path.join(save_dir, 'iter_6', ckpt.STATE_FILE)
     assert str(info.value) == (
-        f'--resume_model auto: rank 0 does not see {os.path.join(missing, ckpt.STATE_FILE)}, '
-        'which rank 0 resumes from: --save_dir must be a folder every node shares (a network '
-        'file system), or the nodes resume different checkpoints.')
+        f'--resume_model auto: rank 1 does not see {state}, which rank 0 resumes from: '
+        '--save_dir must be a folder every node shares (a network file system), or the nodes '
+        'resume different checkpoints.')
+    assert not os.path.exists(save_dir)  # only rank 0 makes and locks it

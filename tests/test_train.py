@@ -18,7 +18,7 @@ from psanet.core.config import ComponentBuilder, load_config
 from psanet.core.data_loader import SampleReader, TrainBatchSampler
 from psanet.core.device import to_plain_batchnorm
 from psanet.core.options import EvalOptions, TrainOptions
-from psanet.core.train import iteration_seed, train, train_from_config
+from psanet.core.train import iteration_seed, train_from_config
 from psanet.core.val import evaluate
 from psanet.errors import DatasetError, TrainingError
 
@@ -39,8 +39,9 @@ def test_training_lowers_loss_and_overfits(tmp_path, toy):
     path = helpers.write_config(tmp_path / 'toy.yml', helpers.toy_config(toy, iters=40,
                                                                          batch_size=4))
     builder, model, dataset, optimizer, losses = _build(path)
-    result = train(model, dataset, optimizer, losses, TrainOptions(iters=40, batch_size=4,
-                   save_dir=str(tmp_path / 'out'), save_interval=40, log_iters=10, seed=0))
+    result = helpers.train_in_folder(model, dataset, optimizer, losses, TrainOptions(
+        iters=40, batch_size=4, save_dir=str(tmp_path / 'out'), save_interval=40, log_iters=10,
+        seed=0))
     history = result['losses']
     assert len(history) == 40
     assert np.mean(history[-5:]) < 0.5 * np.mean(history[:5])
@@ -83,19 +84,20 @@ def test_resume_after_a_crash_repeats_the_uninterrupted_losses(tmp_path, toy, nu
                    evaluation=EvalOptions(num_workers=num_workers))
 
     _, model, dataset, optimizer, losses = _build(path)
-    full = train(model, dataset, optimizer, losses, TrainOptions(save_dir=str(tmp_path / 'full'),
-                 **options))
+    full = helpers.train_in_folder(model, dataset, optimizer, losses,
+                                   TrainOptions(save_dir=str(tmp_path / 'full'), **options))
     assert len(full['losses']) == 7
 
     _, model, dataset, optimizer, losses = _build(path)
     with pytest.raises(RuntimeError, match='simulated crash'):
-        train(model, dataset, optimizer, _with_failure(losses, 4, 'crash'),
-              TrainOptions(save_dir=str(tmp_path / 'cut'), **options))
+        helpers.train_in_folder(model, dataset, optimizer, _with_failure(losses, 4, 'crash'),
+                                TrainOptions(save_dir=str(tmp_path / 'cut'), **options))
     assert [i for i, _ in ckpt.list_checkpoints(str(tmp_path / 'cut'))] == [3]
 
     _, model, dataset, optimizer, losses = _build(path, seed=99)  # weights come from the checkpoint
-    resumed = train(model, dataset, optimizer, losses, TrainOptions(save_dir=str(tmp_path / 'cut'),
-                    resume_model=str(tmp_path / 'cut' / 'iter_3'), **dict(options, seed=None)))
+    resumed = helpers.train_in_folder(model, dataset, optimizer, losses, TrainOptions(
+        save_dir=str(tmp_path / 'cut'), resume_model=str(tmp_path / 'cut' / 'iter_3'),
+        **dict(options, seed=None)))
     assert resumed['start_iter'] == 3
     # Both runs are this machine's kernels on the same float32 bits (a checkpoint stores
     # them exactly; the batches are seeded per epoch and sample), so they agree to the
@@ -148,11 +150,12 @@ def test_learning_rate_follows_paddleseg_schedule_across_a_resume(tmp_path, toy,
                    seed=0)
     _, model, dataset, optimizer, losses = _build(path)
     with pytest.raises(RuntimeError, match='simulated crash'):
-        train(model, dataset, optimizer, _with_failure(losses, 5, 'crash'),
-              TrainOptions(**options))
+        helpers.train_in_folder(model, dataset, optimizer, _with_failure(losses, 5, 'crash'),
+                                TrainOptions(**options))
     _, model, dataset, optimizer, losses = _build(path)
-    resumed = train(model, dataset, optimizer, losses,
-                    TrainOptions(**dict(options, resume_model=os.path.join(save_dir, 'iter_3'))))
+    resumed = helpers.train_in_folder(
+        model, dataset, optimizer, losses,
+        TrainOptions(**dict(options, resume_model=os.path.join(save_dir, 'iter_3'))))
     assert resumed['start_iter'] == 3
 
     def expected(step):
@@ -175,8 +178,9 @@ def test_nan_loss_stops_naming_iteration_and_last_checkpoint(tmp_path, toy):
     _, model, dataset, optimizer, losses = _build(path)
     save_dir = str(tmp_path / 'out')
     with pytest.raises(TrainingError) as info:
-        train(model, dataset, optimizer, _with_failure(losses, 3, 'nan'), TrainOptions(iters=6,
-              batch_size=2, save_dir=save_dir, save_interval=2, log_iters=1, seed=0))
+        helpers.train_in_folder(model, dataset, optimizer, _with_failure(losses, 3, 'nan'),
+                                TrainOptions(iters=6, batch_size=2, save_dir=save_dir,
+                                             save_interval=2, log_iters=1, seed=0))
     message = str(info.value)
     assert 'nan' in message and 'iteration 3' in message
     assert os.path.join(save_dir, 'iter_2') in message
@@ -197,9 +201,9 @@ def test_logs_vdl_eval_best_model_and_keep_checkpoint_max(tmp_path, toy, monkeyp
         return real_figures(writer, evaluated, names, step)
 
     monkeypatch.setattr(train_log, 'log_evaluation_figures', log_figures)
-    result = train(model, dataset, optimizer, losses, TrainOptions(iters=8, batch_size=2,
-                   save_dir=save_dir, save_interval=2, log_iters=4, keep_checkpoint_max=2,
-                   use_vdl=True, seed=0), val_dataset=builder.dataset('val'))
+    result = helpers.train_in_folder(model, dataset, optimizer, losses, TrainOptions(
+        iters=8, batch_size=2, save_dir=save_dir, save_interval=2, log_iters=4,
+        keep_checkpoint_max=2, use_vdl=True, seed=0), val_dataset=builder.dataset('val'))
     assert [i for i, _ in ckpt.list_checkpoints(save_dir)] == [6, 8]
     assert [i for i, _ in result['evals']] == [2, 4, 6, 8]
     best = max(result['evals'], key=lambda e: e[1]['miou'])
@@ -301,9 +305,9 @@ def test_train_reshuffles_and_reseeds_every_epoch(tmp_path, monkeypatch, num_wor
     monkeypatch.setattr(loader_module, 'collate', collate)
     monkeypatch.setattr(train_module, '_train_step', step)
     # 8 images, batch 2: 4 iterations an epoch, 12 iterations are 3 epochs.
-    train(model, dataset, optimizer, losses, TrainOptions(iters=12, batch_size=2,
-          save_dir=str(tmp_path / 'out'), save_interval=12, seed=3,
-          evaluation=EvalOptions(num_workers=num_workers)))
+    helpers.train_in_folder(model, dataset, optimizer, losses, TrainOptions(
+        iters=12, batch_size=2, save_dir=str(tmp_path / 'out'), save_interval=12, seed=3,
+        evaluation=EvalOptions(num_workers=num_workers)))
     epochs = [read[e * 8:(e + 1) * 8] for e in range(3)]
     assert [[e for e, _ in epoch] for epoch in epochs] == [[e] * 8 for e in range(3)]
     orders = [[i for _, i in epoch] for epoch in epochs]
@@ -341,8 +345,8 @@ def test_unreadable_image_during_training_is_a_dataset_error(tmp_path):
     bad = os.path.join(root, 'images', 'train_003.jpg')
     _corrupt(bad)
     with pytest.raises(DatasetError, match=f'image {bad} cannot be read'):
-        train(model, dataset, optimizer, losses, TrainOptions(iters=6, batch_size=2,
-              save_dir=str(tmp_path / 'out'), seed=0))
+        helpers.train_in_folder(model, dataset, optimizer, losses, TrainOptions(
+            iters=6, batch_size=2, save_dir=str(tmp_path / 'out'), seed=0))
 
 
 def test_label_out_of_range_during_training_is_a_dataset_error(tmp_path):
@@ -354,8 +358,8 @@ def test_label_out_of_range_during_training_is_a_dataset_error(tmp_path):
     label[5, 5] = 7
     cv2.imwrite(bad, label)
     with pytest.raises(DatasetError, match=r'has values \[7\] outside \[0, 3\)'):
-        train(model, dataset, optimizer, losses, TrainOptions(iters=6, batch_size=2,
-              save_dir=str(tmp_path / 'out'), seed=0))
+        helpers.train_in_folder(model, dataset, optimizer, losses, TrainOptions(
+            iters=6, batch_size=2, save_dir=str(tmp_path / 'out'), seed=0))
 
 
 def _cli_error(capsys, **kwargs):
@@ -454,9 +458,9 @@ def test_train_py_end_to_end_and_exit_code(tmp_path, mini_cityscapes):
 
 
 def test_train_from_config_hands_train_the_config_and_the_flags(tmp_path, toy, monkeypatch):
-    """The one options object train() gets: the config's schedule (a flag overrides it, the
-    LR scheduler follows), sync_bn, the flags, and evaluations as test_config says, in the
-    training's precision, stored once."""
+    """The one options object train() gets, in its run folder: the config's schedule (a flag
+    overrides it, the LR scheduler follows), sync_bn, the flags, and evaluations as
+    test_config says, in the training's precision, stored once."""
     from psanet.core import train as train_module
     from psanet.core.options import InferenceOptions
     config = helpers.toy_config(toy, iters=7, batch_size=2)
@@ -468,9 +472,10 @@ def test_train_from_config_hands_train_the_config_and_the_flags(tmp_path, toy, m
         (args, kwargs)) or {})
     train_from_config(path, device='cpu', save_dir=str(tmp_path / 'out'), batch_size=3,
                       precision='fp16', amp_level='O2', log_iters=5, seed=4, num_workers=1)
-    ((_, _, optimizer, _, options, val_dataset), kwargs), = handed
+    ((_, _, optimizer, _, folder, val_dataset), _), = handed
+    options = folder.options
     assert val_dataset is None and options.do_eval is False  # no --do_eval
-    assert kwargs['folder'].path == str(tmp_path / 'out')
+    assert folder.path == str(tmp_path / 'out')
     assert (options.iters, options.batch_size, options.log_iters, options.seed) == (7, 3, 5, 4)
     assert optimizer._learning_rate.decay_steps == 7
     assert options.sync_bn is False and options.save_dir == str(tmp_path / 'out')
@@ -483,6 +488,7 @@ def test_train_from_config_hands_train_the_config_and_the_flags(tmp_path, toy, m
     assert not stored & {'precision', 'amp_level', 'num_workers'}, stored
     handed.clear()
     train_from_config(path, device='cpu', save_dir=str(tmp_path / 'out9'), iters=9)
-    ((_, _, optimizer, _, options, _), _), = handed
+    ((_, _, optimizer, _, folder, _), _), = handed
+    options = folder.options
     assert (options.iters, options.batch_size) == (9, 2)
     assert optimizer._learning_rate.decay_steps == 9  # the scheduler follows --iters

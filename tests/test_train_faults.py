@@ -24,7 +24,8 @@ from psanet.cli import run_cli
 from psanet.core import checkpoint as ckpt
 from psanet.core.config import ComponentBuilder, load_config
 from psanet.core.options import TrainOptions
-from psanet.core.train import train, train_from_config
+from psanet.core.run_folder import RunFolder
+from psanet.core.train import train_from_config
 from psanet.core.weights import check_state_fits
 from psanet.errors import CheckpointError
 
@@ -184,8 +185,9 @@ def test_a_best_model_deleted_by_overwrite_is_not_counted_as_best(tmp_path, caps
 HOLDER = r'''
 import sys
 sys.path[:0] = [{tests!r}, {repo!r}]
-from psanet.core.run_dir import own_save_dir
-with own_save_dir(sys.argv[1]):
+from psanet.core.options import TrainOptions
+from psanet.core.run_folder import RunFolder
+with RunFolder(TrainOptions(iters=1, batch_size=1, save_dir=sys.argv[1])):
     print('holding', flush=True)
     sys.stdin.read()
 '''
@@ -222,6 +224,7 @@ from psanet.core import dist
 from psanet.core.config import ComponentBuilder, load_config
 from psanet.errors import ConfigError
 from psanet.core.options import TrainOptions
+from psanet.core.run_folder import RunFolder
 from psanet.core.train import train
 
 out, config, save_dir = sys.argv[1:4]
@@ -229,8 +232,9 @@ paddle.set_device('cpu')
 dist.init_parallel()
 builder = ComponentBuilder(load_config(config))
 try:
-    train(builder.model, builder.dataset('train'), builder.optimizer, builder.losses,
-          TrainOptions(iters=2, batch_size=1, save_dir=save_dir, save_interval=2))
+    with RunFolder(TrainOptions(iters=2, batch_size=1, save_dir=save_dir,
+                                save_interval=2)) as folder:
+        train(builder.model, builder.dataset('train'), builder.optimizer, builder.losses, folder)
     error = None
 except ConfigError as caught:
     error = str(caught)
@@ -275,8 +279,8 @@ def _first_shape_mismatch(expected, loaded):
 def test_resume_from_another_model_is_refused_before_training(tmp_path, toy_config):
     save_dir = str(tmp_path / 'out')
     model, dataset, optimizer, losses = _components(toy_config, channels=8)
-    train(model, dataset, optimizer, losses, TrainOptions(iters=2, batch_size=2, save_dir=save_dir,
-          save_interval=2, seed=0))
+    helpers.train_in_folder(model, dataset, optimizer, losses, TrainOptions(
+        iters=2, batch_size=2, save_dir=save_dir, save_interval=2, seed=0))
     before = digests(save_dir)
     with open(os.path.join(save_dir, 'train.log')) as f:
         log_before = f.read()
@@ -286,8 +290,9 @@ def test_resume_from_another_model_is_refused_before_training(tmp_path, toy_conf
         os.path.join(save_dir, 'iter_2'))[0])
     assert expected is not None
     with pytest.raises(CheckpointError) as info:
-        train(model, dataset, optimizer, losses, TrainOptions(iters=4, batch_size=2,
-              save_dir=save_dir, save_interval=2, resume_model=os.path.join(save_dir, 'iter_2')))
+        helpers.train_in_folder(model, dataset, optimizer, losses, TrainOptions(
+            iters=4, batch_size=2, save_dir=save_dir, save_interval=2,
+            resume_model=os.path.join(save_dir, 'iter_2')))
     assert expected in str(info.value), str(info.value)
     for key, value in model.state_dict().items():
         np.testing.assert_array_equal(value.numpy(), weights[key], err_msg=key)
@@ -478,22 +483,30 @@ def test_sigterm_ends_train_py_with_one_line_and_whole_checkpoints(tmp_path, cap
     assert _iterations(save_dir)[-1] == iteration + 2
 
 
-def test_two_owned_folders_each_delete_only_what_overwrite_replaces_in_it(tmp_path):
-    """own_save_dir's RunFolder holds what --overwrite is to delete, until it is asked to:
-    two folders owned at once in one process keep theirs apart."""
-    from psanet.core.run_dir import own_save_dir
+def test_two_open_folders_each_delete_only_what_overwrite_replaces_in_it(tmp_path):
+    """A RunFolder holds what --overwrite is to delete until it has resumed: two folders
+    open at once in one process keep theirs apart."""
     layer = paddle.nn.Linear(2, 2)
+    optimizer = paddle.optimizer.SGD(parameters=layer.parameters())
     folders = [tmp_path / 'a', tmp_path / 'b']
     for folder, iteration in zip(folders, (2, 3)):
         ckpt.save_checkpoint(str(folder / f'iter_{iteration}'), layer,
                              state={'iteration': iteration})
-    with own_save_dir(str(folders[0]), overwrite=True) as first, \
-            own_save_dir(str(folders[1]), overwrite=True) as second:
+    with RunFolder(TrainOptions(iters=4, batch_size=1, save_dir=str(folders[0]),
+                                overwrite=True)) as first, \
+            RunFolder(TrainOptions(iters=4, batch_size=1, save_dir=str(folders[1]),
+                                   overwrite=True)) as second:
         assert (first.path, second.path) == (str(folders[0]), str(folders[1]))
         assert os.path.isdir(folders[0] / 'iter_2') and os.path.isdir(folders[1] / 'iter_3')
-        second.clear_overwritten()
+        second.resume(layer, optimizer, None)
         assert os.path.isdir(folders[0] / 'iter_2') and not os.path.exists(folders[1] / 'iter_3')
-        first.clear_overwritten()
-        first.clear_overwritten()  # once done, nothing is left to delete
+        first.resume(layer, optimizer, None)
         assert not os.path.exists(folders[0] / 'iter_2')
     assert sorted(os.listdir(folders[0])) == sorted(os.listdir(folders[1])) == []
+
+
+def test_a_folder_not_opened_is_refused_before_it_resumes(tmp_path):
+    folder = RunFolder(TrainOptions(iters=4, batch_size=1, save_dir=str(tmp_path / 'out')))
+    with pytest.raises(RuntimeError, match=r'with RunFolder\(options\) as folder'):
+        folder.resume(paddle.nn.Linear(1, 1), None, None)
+    assert not os.path.exists(tmp_path / 'out')  # neither locked nor made

@@ -1,13 +1,12 @@
-"""Checkpoint folders of a training run: save, list, prune and load them.
+"""One checkpoint folder: written whole, listed, pruned and read back.
 
 A checkpoint is a folder ``<save_dir>/iter_N/`` (or ``best_model/``) holding
 ``model.pdparams``, ``model.pdopt`` (with the LR scheduler) and
 ``train_state.json`` (iteration, epoch, seed, best mIoU), written whole by
-:func:`psanet.files.write_folder` (docs/reliability.md); the optimizer state is re-keyed
-for another build of the same model by :func:`rename_optimizer_state`. What a resumed run
-does with one is :mod:`psanet.core.resume`; weights for evaluation, prediction and export
-load through :mod:`psanet.core.weights`. It imports no paddleseg, so that the save_dir's
-lock (:mod:`psanet.core.run_dir`) loads light.
+:func:`psanet.files.write_folder` (docs/reliability.md). The run folder that owns
+them is :mod:`psanet.core.run_folder`; weights for evaluation, prediction and export
+load through :mod:`psanet.core.weights`. It imports no paddleseg, so that a run's
+folder is locked before any config is built.
 """
 import json
 import os
@@ -17,14 +16,12 @@ import numpy as np
 import paddle
 
 from psanet.contract import read_json
-from psanet.errors import CheckpointError, few, is_integer
+from psanet.errors import CheckpointError, is_integer
 from psanet.files import delete_folders, write_folder
-from psanet.log import get_logger
 
 __all__ = ['WEIGHTS_FILE', 'OPTIMIZER_FILE', 'STATE_FILE', 'save_checkpoint',
-           'list_checkpoints', 'newest_loadable_checkpoint', 'checkpoint_iteration',
-           'prune_checkpoints', 'load_checkpoint', 'load_saved', 'parameter_names',
-           'rename_optimizer_state']
+           'list_checkpoints', 'named_iteration', 'checkpoint_iteration', 'prune_checkpoints',
+           'load_checkpoint', 'load_saved', 'parameter_names', 'rename_optimizer_state']
 
 WEIGHTS_FILE = 'model.pdparams'
 OPTIMIZER_FILE = 'model.pdopt'
@@ -71,35 +68,34 @@ def save_checkpoint(directory, model, optimizer=None, state=None):
     return write_folder(directory, write)
 
 
-def list_checkpoints(save_dir):
-    """Complete ``iter_N`` checkpoints in ``save_dir``, oldest first.
-
-    Returns:
-        list: ``(iteration, path)`` pairs sorted by iteration.
-    """
+def list_checkpoints(save_dir, whole=True):
+    """``(iteration, path)`` of the ``iter_N`` folders in ``save_dir``, oldest first; with
+    ``whole``, only those holding model.pdparams."""
     if not os.path.isdir(save_dir):
         return []
     found = []
     for name in os.listdir(save_dir):
-        match = _ITER_DIR.match(name)
-        path = os.path.join(save_dir, name)
-        if match and os.path.isfile(os.path.join(path, WEIGHTS_FILE)):
-            found.append((int(match.group(1)), path))
+        iteration, path = named_iteration(name), os.path.join(save_dir, name)
+        if iteration is not None and os.path.isdir(path) and (
+                not whole or os.path.isfile(os.path.join(path, WEIGHTS_FILE))):
+            found.append((iteration, path))
     return sorted(found)
 
 
-def checkpoint_iteration(path):
-    """The iteration a checkpoint folder was saved at (train_state.json, else its iter_N name).
+def named_iteration(path):
+    """N for a folder named ``iter_N``, else None."""
+    match = _ITER_DIR.match(os.path.basename(os.path.normpath(path)))
+    return int(match.group(1)) if match else None
 
-    Returns:
-        int | None: None when neither tells.
-    """
+
+def checkpoint_iteration(path):
+    """The iteration a checkpoint folder was saved at (train_state.json, else its iter_N
+    name); None when neither tells."""
     try:
         with open(os.path.join(path, STATE_FILE)) as f:
             return int(json.load(f)['iteration'])
     except (OSError, ValueError, KeyError, TypeError):
-        match = _ITER_DIR.match(os.path.basename(os.path.normpath(path)))
-        return int(match.group(1)) if match else None
+        return named_iteration(path)
 
 
 def prune_checkpoints(save_dir, keep_checkpoint_max):
@@ -149,13 +145,12 @@ def load_checkpoint(path):
     state_path = os.path.join(path, STATE_FILE)
     if not os.path.isfile(state_path):
         # Without it the seed and the data order are unknown: the run would go on differently.
-        match = _ITER_DIR.match(os.path.basename(os.path.normpath(path)))
-        iteration = match.group(1) if match else 'N'
+        named = named_iteration(path)
         raise CheckpointError(
             f'--resume_model {path} has no {STATE_FILE} (the iteration, seed and data order '
             f'an exact resume needs): {fix} A checkpoint of paddleseg\'s own train.py has none: '
-            f'write {{"iteration": {iteration}}} into {state_path} to continue it with a new '
-            'seed and data order.')
+            f'write {{"iteration": {"N" if named is None else named}}} into {state_path} to '
+            'continue it with a new seed and data order.')
     state = read_json(state_path, lambda reason: CheckpointError(
         f'training state {state_path} cannot be read ({reason}): {fix}'))
     iteration = state.get('iteration') if isinstance(state, dict) else None
@@ -165,43 +160,6 @@ def load_checkpoint(path):
     model_state = load_saved(os.path.join(path, WEIGHTS_FILE), 'model weights', fix)
     optimizer_state = load_saved(os.path.join(path, OPTIMIZER_FILE), 'optimizer state', fix)
     return model_state, optimizer_state, state
-
-
-def newest_loadable_checkpoint(save_dir, logger=None):
-    """The newest ``iter_N`` of ``save_dir`` that loads whole, for ``--resume_model auto``.
-
-    A newer one that does not load (cut short, a file missing) is named in a
-    warning and passed over; nothing is deleted.
-
-    Returns:
-        tuple: (N, path, what :func:`load_checkpoint` returns), or None when
-        ``save_dir`` holds no ``iter_N`` folder.
-
-    Raises:
-        CheckpointError: when there are ``iter_N`` folders and none of them loads.
-    """
-    if not os.path.isdir(save_dir):
-        return None
-    folders = sorted((int(match.group(1)), os.path.join(save_dir, name))
-                     for name in os.listdir(save_dir) for match in [_ITER_DIR.match(name)]
-                     if match and os.path.isdir(os.path.join(save_dir, name)))
-    failures = []
-    for iteration, path in reversed(folders):
-        try:
-            return iteration, path, load_checkpoint(path)
-        except CheckpointError as error:
-            reason = str(error).replace(f'--resume_model {path} ', '').split(': pass ')[0]
-            reason = reason.splitlines()[0][:300] if reason else type(error).__name__
-            failures.append(f'{os.path.basename(path)}: {reason}')
-            (logger or get_logger()).warning(
-                f'--resume_model auto: {path} does not load ({reason}); trying the checkpoint '
-                'before it. It stays as it is until this run saves that iteration again.')
-    if not failures:
-        return None
-    raise CheckpointError(
-        f'--resume_model auto: no checkpoint in --save_dir {save_dir} loads '
-        f'({few(failures, 3)}): restore one, pass a --save_dir of another run, or start '
-        'over in a new --save_dir (nothing was deleted).')
 
 
 def parameter_names(model):

@@ -19,7 +19,7 @@ from psanet.deploy.predictor import PRECISIONS
 from psanet.errors import ConfigError
 
 __all__ = ['InferenceOptions', 'EvalOptions', 'TrainOptions', 'RESUME_AUTO', 'training_recipe',
-           'AUG_COMBINES', 'DYGRAPH_PRECISIONS', 'AMP_LEVELS', 'DEFAULT_DEVICE']
+           'recipe_changes', 'AUG_COMBINES', 'DYGRAPH_PRECISIONS', 'AMP_LEVELS', 'DEFAULT_DEVICE']
 
 # How aug_eval combines scales and flips: the mean of the logits (paddleseg 2.8's
 # aug_inference), or the mean of their softmax.
@@ -268,6 +268,30 @@ def training_recipe(config, iters, batch_size):
     recipe = {name: plain(config[name]) for name in
               ('model', 'loss', 'optimizer', 'lr_scheduler', 'train_dataset') if name in config}
     return {**recipe, 'iters': iters, 'batch_size': batch_size}
+
+
+def _flatten(value, prefix=''):
+    if isinstance(value, dict):
+        items = {}
+        for key, item in value.items():
+            items.update(_flatten(item, f'{prefix}.{key}' if prefix else str(key)))
+        return items
+    if isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value):
+        items = {f'{prefix}.length': len(value)}
+        for index, item in enumerate(value):
+            items.update(_flatten(item, f'{prefix}[{index}]'))
+        return items
+    return {prefix: value}
+
+
+def recipe_changes(saved, current):
+    """``key: saved -> current`` for every config key (dotted, with list indices) whose
+    value differs between two :func:`training_recipe` records."""
+    saved, current = _flatten(saved), _flatten(current)
+    missing = object()
+    return [f'{key}: {saved.get(key, "(none)")} -> {current.get(key, "(none)")}'
+            for key in sorted(set(saved) | set(current))
+            if saved.get(key, missing) != current.get(key, missing)]
 
 
 @dataclass(frozen=True)

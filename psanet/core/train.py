@@ -1,14 +1,16 @@
 """Training loop: steps, evaluation, atomic checkpoints, exact resume, multi-process and fp16.
 
-:func:`train` runs built components with one :class:`~psanet.core.options.TrainOptions`
-in a save_dir it owns; :func:`train_from_config` is train.py's work: it builds the
-options and the components from the config and calls :func:`train`. Resuming and
-checkpoint state: :mod:`psanet.core.resume`; log lines: :mod:`psanet.core.train_log`.
-What it adds to paddleseg 2.8.0's ``core.train``: docs/design.md.
+:func:`train` runs built components in a :class:`~psanet.core.run_folder.RunFolder`,
+which holds the run's options and owns its save_dir (resume, saves, best model);
+:func:`train_from_config` is train.py's work: it builds the options, opens the folder,
+builds the components from the config and calls :func:`train`. Log lines:
+:mod:`psanet.core.train_log`. What it adds to paddleseg 2.8.0's ``core.train``:
+docs/design.md.
 """
-import contextlib
 import os
+import shlex
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
@@ -17,13 +19,11 @@ import numpy as np
 import paddle
 
 from psanet import interrupts
-from psanet.core import checkpoint as ckpt
-from psanet.core import dist, run_dir
+from psanet.core import dist
 from psanet.core.config import ComponentBuilder, load_config, set_schedule
 from psanet.core.data_loader import build_train_loader, raise_if_error
-from psanet.core.options import TrainOptions
-from psanet.core.resume import (checkpoint_state, draw_seed, forget_best_elsewhere,
-                                refuse_another_recipe, resume, resume_changes, resume_command)
+from psanet.core.options import RESUME_AUTO, TrainOptions
+from psanet.core.run_folder import RunFolder
 from psanet.core.device import amp_enabled, autocast, on_gpu, set_device, to_plain_batchnorm
 from psanet.core.train_log import (Averager, check_visualdl, format_batch_size, log_evaluation,
                                    log_interval, visualdl_writer)
@@ -31,7 +31,7 @@ from psanet.core.val import evaluate
 from psanet.errors import ConfigError, Interrupted, TrainingError
 from psanet.log import get_logger, log_file, setup_logging
 
-__all__ = ['train', 'train_from_config', 'loss_terms', 'iteration_seed']
+__all__ = ['train', 'train_from_config', 'loss_terms', 'iteration_seed', 'resume_command']
 
 
 def loss_terms(logits, label, losses):
@@ -91,7 +91,8 @@ def _lr_scheduler(optimizer):
 
 @dataclass
 class _Run:
-    """What stays fixed through a run: the model and its optimizer, the data, the options."""
+    """What stays fixed through a run: the model and its optimizer, the data, the folder."""
+    folder: RunFolder
     model: paddle.nn.Layer
     runner: paddle.nn.Layer  # the model, in paddle.DataParallel on more than one process
     optimizer: paddle.optimizer.Optimizer
@@ -120,25 +121,19 @@ class _Step(NamedTuple):
     stop: bool
 
 
-def train(model, train_dataset, optimizer, losses, options, val_dataset=None, logger=None,
-          folder=None):
-    """Trains ``model`` for ``options.iters`` iterations.
+def train(model, train_dataset, optimizer, losses, folder, val_dataset=None):
+    """Trains ``model`` for ``folder.options.iters`` iterations.
 
     Args:
         model (paddle.nn.Layer): the model; ``optimizer`` must hold its parameters.
         train_dataset (paddle.io.Dataset): a paddleseg dataset in 'train' mode.
         optimizer (paddle.optimizer.Optimizer): with an LR scheduler as learning rate.
         losses (dict): ``{'types': [...], 'coef': [...]}``, one type per logit.
-        options (TrainOptions): iters, batch_size, save_dir, intervals, seed, precision, ...
+        folder (RunFolder): the open save_dir (``with RunFolder(options) as folder:``),
+            with the run's TrainOptions: iters, batch_size, intervals, seed, precision, ...
         val_dataset (paddle.io.Dataset, optional): evaluated every save_interval
             (mIoU and validation loss) as ``options.evaluation`` says; the best model
             goes to best_model/. Default: None.
-        logger (logging.Logger, optional): Default: the 'psanet' logger, also writing
-            <save_dir>/train.log.
-        folder (run_dir.RunFolder, optional): ``options.save_dir``, already owned by
-            the caller's :func:`~psanet.core.run_dir.own_save_dir` block (as
-            :func:`train_from_config` owns it before it builds anything). Default: None:
-            train owns it for the run.
 
     Returns:
         dict: ``losses`` (the global mean total loss of every iteration run here),
@@ -147,28 +142,20 @@ def train(model, train_dataset, optimizer, losses, options, val_dataset=None, lo
         and ``seed`` (the one used, as saved in the checkpoints).
 
     Raises:
-        ConfigError: when save_dir holds another run's checkpoints or another process
-            trains in it.
-        CheckpointError: when resume_model does not fit the model.
+        CheckpointError: when the checkpoint to resume does not fit the model.
         Interrupted: after the step in which Ctrl-C or SIGTERM came (recorded within
             ``psanet.interrupts.stop_at_boundaries``, as under ``run_cli``), once its
             checkpoint is saved; the message names it.
     """
-    options.check_schedule()
     main = dist.is_main_process()
-    if logger is None:
-        setup_logging(main)
-    owned = contextlib.nullcontext(folder) if folder is not None else run_dir.own_save_dir(
-        options.save_dir, options.resume_model, options.overwrite, logger)
-    with owned as folder:
-        refuse_another_recipe(options, folder)  # before train.log: a refused run writes nothing
-        with log_file(os.path.join(options.save_dir, 'train.log'), main):
-            return _train(model, train_dataset, optimizer, losses, options, val_dataset,
-                          logger or get_logger(), folder)
+    setup_logging(main)
+    with log_file(os.path.join(folder.path, 'train.log'), main):
+        return _train(model, train_dataset, optimizer, losses, folder, val_dataset, get_logger())
 
 
-def _train(model, train_dataset, optimizer, losses, options, val_dataset, logger, folder):
-    """:func:`train` in the save_dir ``folder`` that this run owns."""
+def _train(model, train_dataset, optimizer, losses, folder, val_dataset, logger):
+    """:func:`train` with the 'psanet' logger also writing train.log."""
+    options = folder.options
     if options.config is not None:
         logger.info(f'Config {options.config}; Paddle {paddle.__version__}, device '
                     f'{paddle.get_device()}, {dist.world_size()} process(es).')
@@ -177,12 +164,7 @@ def _train(model, train_dataset, optimizer, losses, options, val_dataset, logger
     if options.use_vdl and main:
         check_visualdl()
     scheduler = _lr_scheduler(optimizer)
-    state, saved = resume(options, folder, model, optimizer, scheduler, logger)
-    # Only now that the checkpoint has loaded and fits: what --overwrite deletes.
-    folder.clear_overwritten()
-    forget_best_elsewhere(state, options.save_dir, logger)
-    if state.seed is None:
-        state.seed = draw_seed(main)
+    state, saved = folder.resume(model, optimizer, scheduler)
     logger.info(f'Seed: {state.seed}')
 
     model = _batchnorm_setup(model, options.sync_bn, world_size, logger)
@@ -190,16 +172,13 @@ def _train(model, train_dataset, optimizer, losses, options, val_dataset, logger
     runner = paddle.DataParallel(model) if world_size > 1 else model
     loader, sampler, reader = build_train_loader(train_dataset, options.batch_size, state.seed,
                                                  options.num_workers)
-    for change in resume_changes(saved, options.batch_size, world_size, len(sampler),
-                                  len(train_dataset)):
-        logger.warning(f'resuming from {folder.resume_model} {change}: the data order differs '
-                       'from an uninterrupted run.')
-    run = _Run(model=model, runner=runner, optimizer=optimizer, scheduler=scheduler,
-               scaler=scaler, losses=losses, loader=loader, sampler=sampler, reader=reader,
-               iters_per_epoch=len(sampler), num_images=len(train_dataset),
+    run = _Run(folder=folder, model=model, runner=runner, optimizer=optimizer,
+               scheduler=scheduler, scaler=scaler, losses=losses, loader=loader, sampler=sampler,
+               reader=reader, iters_per_epoch=len(sampler), num_images=len(train_dataset),
                world_size=world_size, val_dataset=val_dataset, options=options,
-               writer=visualdl_writer(options.save_dir) if options.use_vdl and main else None,
+               writer=visualdl_writer(folder.path) if options.use_vdl and main else None,
                logger=logger, main=main)
+    folder.warn_of_changes(run, saved)
 
     model.train()
     images_per_step = format_batch_size(options.batch_size, world_size,
@@ -212,7 +191,7 @@ def _train(model, train_dataset, optimizer, losses, options, val_dataset, logger
     if run.writer is not None:
         run.writer.close()
     logger.info(f'Training done: {state.iteration} iterations, checkpoints in '
-                f'{options.save_dir}.')
+                f'{folder.path}.')
     return state.result()
 
 
@@ -333,25 +312,14 @@ def _evaluate_and_checkpoint(run, state):
             run.model.train()
             run.logger.info(f'Evaluation at iter {state.iteration} abandoned for the stop.')
             stopped = True
-    _save_checkpoint(run, state)
+    run.folder.save(run, state)
     return stopped
-
-
-def _save_checkpoint(run, state):
-    path = os.path.join(run.options.save_dir, f'iter_{state.iteration}')
-    if run.main:
-        ckpt.save_checkpoint(path, run.model, run.optimizer, checkpoint_state(run, state))
-        ckpt.prune_checkpoints(run.options.save_dir, run.options.keep_checkpoint_max)
-        run.logger.info(f'Saved checkpoint {path}')
-    state.last_checkpoint = path
 
 
 def _stop(run, state):
     """Ends the run after the step in which a signal came: saves the step's checkpoint
     (unless it has one), logs how to resume and raises :class:`Interrupted`."""
-    path = os.path.join(run.options.save_dir, f'iter_{state.iteration}')
-    if state.last_checkpoint != path:
-        _save_checkpoint(run, state)
+    path = run.folder.save(run, state)
     # No rank exits before rank 0 has written: the launcher ends the others when one exits.
     dist.all_reduce_sum([0])
     signum = interrupts.requested() or signal.SIGTERM  # a rank stopping for another's signal
@@ -363,12 +331,42 @@ def _stop(run, state):
                                      f'its checkpoint is {path}')
 
 
+def resume_command(path, world_size, options=None):
+    """train.py's command line with ``--resume_model path`` (and no other --resume_model);
+    with ``--resume_model auto`` the same command. On several nodes: train.py's part, for
+    each node's launch line."""
+    argv = sys.argv
+    auto = options is not None and options.resume_model == RESUME_AUTO
+    if os.path.basename(argv[0]) != 'train.py':
+        return ('the same call' if auto else f'the same call with resume_model={path!r}')
+    if auto:
+        path = RESUME_AUTO
+    kept, skip = [], False
+    for arg in argv[1:]:
+        if skip or arg.startswith('--resume_model='):
+            skip = False
+            continue
+        if arg == '--resume_model':
+            skip = True
+            continue
+        kept.append(arg)
+    train = shlex.join([argv[0]] + kept + ['--resume_model', path])
+    nodes = os.environ.get('PADDLE_NNODES', '1')
+    if nodes.isdigit() and int(nodes) > 1:  # the launch line is each node's own: not known here
+        return f'the launch line of each of the {nodes} nodes, with {train}'
+    # psanet.launch names its stop note in the ranks' environment.
+    launcher = 'psanet.launch' if os.environ.get(interrupts.STOP_NOTE) else \
+        'paddle.distributed.launch'
+    launch = (['-m', launcher, '--nproc_per_node', str(world_size)] if world_size > 1 else [])
+    return shlex.join(['python'] + launch) + ' ' + train
+
+
 def _tell_launcher_console(run, state, path, command):
     """The stop, where the user of the launcher looks: its console."""
     dist.tell_launcher(
         f'psanet: training stopped after iteration {state.iteration} on every rank (the '
         f'launcher passes a Ctrl-C or SIGTERM on as SIGTERM); its checkpoint is {path}; the '
-        f'log: {os.path.join(run.options.save_dir, "train.log")}.\n'
+        f'log: {os.path.join(run.folder.path, "train.log")}.\n'
         f'psanet: resume with: {command}\n')
 
 
@@ -378,12 +376,7 @@ def _evaluate(run, state):
                       logger=run.logger)
     state.evals.append((state.iteration, result))
     run.model.train()
-    if result['miou'] > state.best_miou:
-        state.best_miou, state.best_iter = result['miou'], state.iteration
-        if run.main:
-            ckpt.save_checkpoint(os.path.join(run.options.save_dir, run_dir.BEST_MODEL),
-                                 run.model,
-                                 state={'iteration': state.iteration, 'miou': state.best_miou})
+    run.folder.keep_best(run.model, state, result['miou'])
     run.logger.info(f'[EVAL] The model with the best validation mIoU '
                     f'({state.best_miou:.4f}) was saved at iter {state.best_iter}.')
     log_evaluation(run.writer, result, run.val_dataset, state.iteration)
@@ -411,8 +404,7 @@ def train_from_config(config, learning_rate=None, opts=None, **flags):
     set_device(options.device)
     dist.init_parallel()
     # Owned before anything is built: a refused run does no work and writes nothing there.
-    with run_dir.own_save_dir(options.save_dir, options.resume_model, options.overwrite,
-                              get_logger()) as folder:
+    with RunFolder(options) as folder:
         if options.seed is not None:
             paddle.seed(options.seed)
             np.random.seed(options.seed % 2**32)
@@ -422,4 +414,4 @@ def train_from_config(config, learning_rate=None, opts=None, **flags):
         model = builder.model
         losses = builder.losses
         optimizer = builder.optimizer
-        return train(model, train_dataset, optimizer, losses, options, val_dataset, folder=folder)
+        return train(model, train_dataset, optimizer, losses, folder, val_dataset)
