@@ -212,7 +212,7 @@ def test_no_int8_model_says_how_to_make_one(export, tmp_path):
     (dict(quantize='int8', psa_impl='paddle', onnx=True, calib_images='no/such/folder'),
      '--calib_images no/such/folder does not exist'),
     (dict(quantize='int8', psa_impl='paddle', onnx=True, calib_images='CALIB', calib_num=0),
-     '--calib_num must be >= 1'),
+     '--calib_num must be an integer >= 1'),
 ])
 def test_bad_quantize_options_are_refused_before_any_work(tmp_path, options, message):
     calib = str(tmp_path / 'calib')

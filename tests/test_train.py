@@ -192,7 +192,6 @@ def test_logs_vdl_eval_best_model_and_keep_checkpoint_max(tmp_path, toy, monkeyp
     builder, model, dataset, optimizer, losses = _build(path)
     save_dir = str(tmp_path / 'out')
     figures = []
-    from psanet.core import train as train_module
     from psanet.core import train_log
     real_figures = train_log.log_evaluation_figures
 

@@ -16,7 +16,7 @@ from dataclasses import InitVar, dataclass, fields
 from typing import Callable, Optional, Tuple
 
 from psanet.deploy.predictor import PRECISIONS
-from psanet.errors import ConfigError
+from psanet.errors import ConfigError, is_integer
 
 __all__ = ['InferenceOptions', 'EvalOptions', 'TrainOptions', 'RESUME_AUTO', 'training_recipe',
            'recipe_changes', 'AUG_COMBINES', 'DYGRAPH_PRECISIONS', 'AMP_LEVELS', 'DEFAULT_DEVICE']
@@ -190,7 +190,7 @@ def _positive_number(value):
 
 
 def _positive_int(value):
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+    return is_integer(value, 1)
 
 
 def _check_positive(where, **values):
@@ -202,7 +202,7 @@ def _check_positive(where, **values):
 def _check_not_negative(where, **values):
     """Raises ConfigError unless each ``name=(value, what 0 means)`` is an int >= 0."""
     for name, (value, zero) in values.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        if not is_integer(value, 0):
             raise ConfigError(f'{where(name)} must be 0 ({zero}) or a positive integer, got '
                               f'{value!r}.')
 
@@ -366,9 +366,7 @@ class TrainOptions:
                         log_iters=self.log_iters)
         _check_not_negative(where, keep_checkpoint_max=(self.keep_checkpoint_max,
                                                         'keep every checkpoint'))
-        if self.seed is not None and (not isinstance(self.seed, int) or
-                                      isinstance(self.seed, bool) or
-                                      not 0 <= self.seed < SEED_LIMIT):
+        if self.seed is not None and (not is_integer(self.seed, 0) or self.seed >= SEED_LIMIT):
             raise ConfigError(f'--seed must be an integer from 0 to {SEED_LIMIT - 1} (what numpy '
                               f'and Paddle accept), got {self.seed!r}.')
         if self.resume_model == RESUME_AUTO and self.overwrite:

@@ -19,7 +19,7 @@ import yaml
 from psanet import interrupts
 from psanet.compat import parse_version
 from psanet.contract import DEPLOY_SECTION, get_image_list
-from psanet.errors import ConfigError
+from psanet.errors import ConfigError, is_integer
 from psanet.files import write_file_whole
 from psanet.log import get_logger
 
@@ -116,14 +116,14 @@ def check_quantize_tools():
 
 def check_calib_images(calib_images, calib_num):
     """The first ``calib_num`` image paths of ``calib_images`` (a folder, image or list)."""
-    if int(calib_num) < 1:
-        raise ConfigError(f'--calib_num must be >= 1, got {calib_num}.')
+    if not is_integer(calib_num, 1):
+        raise ConfigError(f'--calib_num must be an integer >= 1, got {calib_num!r}.')
     if not calib_images or not os.path.exists(calib_images):
         raise ConfigError(f'--quantize int8 needs calibration images: --calib_images '
                           f'{calib_images} does not exist; pass a folder of images like the '
                           'ones the model will see (e.g. the val images).')
     images = get_image_list(calib_images, flag='--calib_images')
-    return [path for path, _ in images][:int(calib_num)]
+    return [path for path, _ in images][:calib_num]
 
 
 class _CalibrationReader:
