@@ -124,7 +124,7 @@ def run_as_command(args, work, prefix='bench_deploy_'):
     exit_with(run_cli(checked_then_run))
 
 
-def _images(args, cfg, work):
+def bench_images(args, cfg, work):
     """(measured image paths, their label paths or None, calibration image folder)."""
     from psanet.contract import get_image_list
     from psanet.data import generate_mini_cityscapes
@@ -144,7 +144,7 @@ def _images(args, cfg, work):
     return images, None, os.path.join(work, 'data', 'leftImg8bit', 'train')
 
 
-def _miou(labels, truths, num_classes, ignore=255):
+def mean_iou(labels, truths, num_classes, ignore=255):
     import numpy as np
     confusion = np.zeros((num_classes, num_classes), np.int64)
     for label, truth in zip(labels, truths):
@@ -191,7 +191,7 @@ def run(args, config, cfg, weights, work):
     if weights:
         load_model_weights(model, weights)
     model.eval()
-    images, label_paths, calib = _images(args, cfg, work)
+    images, label_paths, calib = bench_images(args, cfg, work)
     transforms = cfg.dic['val_dataset']['transforms']
     skipped = []
     onnx, quantize = _tools(skipped)
@@ -267,7 +267,7 @@ def run(args, config, cfg, weights, work):
         quality[name] = (
             float(np.mean(labels == np.concatenate([r.argmax(1) for r in reference]))),
             float(max(np.abs(o - r).max() for o, r in zip(outputs[name], reference))),
-            _miou(labels, truths, reference[0].shape[1]) if truths else None)
+            mean_iou(labels, truths, reference[0].shape[1]) if truths else None)
 
     base = np.sum(times[backends[0][0]])
     source = 'val images of the config' if args.val else 'generated images'

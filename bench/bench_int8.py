@@ -77,7 +77,7 @@ def run(args, config, cfg, weights, work):
     if weights:
         load_model_weights(model, weights)
     model.eval()
-    images, label_paths, calib = bench_deploy._images(args, cfg, work)
+    images, label_paths, calib = bench_deploy.bench_images(args, cfg, work)
     calib_paths = check_calib_images(calib, args.calib_num)
     float_dir = os.path.join(work, 'float')
     export_model(model, cfg.dic['val_dataset']['transforms'], float_dir,
@@ -112,7 +112,7 @@ def run(args, config, cfg, weights, work):
                 times[key].append((time.perf_counter() - start) * 1000.0)
 
     def miou(key):
-        return bench_deploy._miou(labels[key], truths, model.num_classes)
+        return bench_deploy.mean_iou(labels[key], truths, model.num_classes)
 
     shape = batches[0].shape
     print(f'INT8 recipes, PSANet {os.path.basename(config)}, weights {weights or "initial"}, '

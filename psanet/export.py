@@ -319,7 +319,7 @@ def _zero_bias_on_lone_convolutions(model):
             if isinstance(conv, paddle.nn.Conv2D) and conv.bias is None and \
                     not isinstance(after, BATCH_NORMS):
                 conv.bias = conv.create_parameter(
-                    [conv._out_channels], is_bias=True,
+                    [conv.weight.shape[0]], is_bias=True,
                     default_initializer=paddle.nn.initializer.Constant(0.0))
                 added.append(conv)
     try:
