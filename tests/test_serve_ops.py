@@ -83,6 +83,13 @@ def gated(mini_export, tmp_path_factory):
     assert 'Traceback' not in read_text(root / 'serve.log')
 
 
+def _wait_ready(url, timeout=120):
+    deadline = time.monotonic() + timeout
+    while httpx.get(f'{url}/ready', timeout=30).status_code != 200:
+        assert time.monotonic() < deadline, 'not ready'
+        time.sleep(0.05)
+
+
 def _stats(url, client=None):
     return (client or httpx).get(f'{url}/v1/stats', timeout=30).json()
 
@@ -332,7 +339,7 @@ def test_the_warm_up_runs_every_batch_size_before_ready(warming, images, seg):
         _wait_stats(url, waiting=1)
         gate.open()
         assert np.array_equal(png_labels(early.result())[0], seg(images['q0']))
-    assert httpx.get(f'{url}/ready', timeout=30).status_code == 200
+    _wait_ready(url)
     # One run of each batch size 5 can form (1, 2, 4) at 80x48, then the request.
     assert gate.runs() == [[1, 3, 48, 80], [2, 3, 48, 80], [4, 3, 48, 80], [1, 3, 64, 96]]
     assert _stats(url)['warmup_s'] > 0
@@ -341,6 +348,8 @@ def test_the_warm_up_runs_every_batch_size_before_ready(warming, images, seg):
 def test_sigterm_drain_answers_the_run_refuses_the_queue_and_exits_in_time(warming, images,
                                                                             seg):
     process, url, gate, log = warming
+    gate.open()
+    _wait_ready(url)  # the warm-up done (when this test runs alone)
     base = gate.entered()
     gate.close()
     with concurrent.futures.ThreadPoolExecutor(4) as pool:

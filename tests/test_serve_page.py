@@ -27,7 +27,7 @@ SIZE = (160, 96)  # width, height: a 10 x 6 attention map
 
 def _browser_missing():
     if importlib.util.find_spec('playwright') is None:
-        return 'playwright is not installed (pip install -r requirements-serve.txt)'
+        return 'playwright is not installed (pip install -r requirements-dev.txt)'
     if not os.access(CHROMIUM, os.X_OK):
         return f'no browser at {CHROMIUM} (apt-get install chromium)'
     return ''

@@ -35,7 +35,7 @@ TIMEOUT_HEADER = 'X-Request-Timeout-S'
 # before it cuts the connections left.
 DRAIN_BACKSTOP_S = 10
 # Routes a load balancer's probe reaches without the token, and the page's static files.
-OPEN_PATHS = ('/health', '/ready', '/v2/health/live', '/v2/health/ready', '/')
+OPEN_PATHS = ('/health', '/ready', '/v2/health/live', '/v2/health/ready', '/', '/explorer')
 OPEN_PREFIXES = ('/explorer/',)
 _logger = logging.getLogger('psanet.serve')
 
