@@ -32,6 +32,16 @@ class StandIn:
         return batch[:, 0, 0, 0] * 10
 
 
+@pytest.fixture
+def stand_in():
+    """A StandIn, let go after the test whatever happened (its held thread would keep the
+    process from exiting)."""
+    model = StandIn()
+    yield model
+    model.held.clear()
+    model.hold.clear()
+
+
 def _input(i, size=4):
     return np.full((1, 3, size, size), float(i), np.float32)
 
@@ -61,9 +71,8 @@ async def _one_running(stand_in, batcher):
     return first
 
 
-def test_the_queue_holds_max_queue_and_refuses_the_next():
+def test_the_queue_holds_max_queue_and_refuses_the_next(stand_in):
     async def main():
-        stand_in = StandIn()
         batcher = await _started(stand_in, max_queue=4)
         first = await _one_running(stand_in, batcher)
         waiting = [batcher.submit(_input(i)) for i in range(1, 5)]  # 4 = max_queue
@@ -79,9 +88,8 @@ def test_the_queue_holds_max_queue_and_refuses_the_next():
     assert batches == [[0], [1, 2], [3], [4]]  # 3 collected (max_batch): runs of 2 and 1
 
 
-def test_the_queue_one_below_full_is_not_full():
+def test_the_queue_one_below_full_is_not_full(stand_in):
     async def main():
-        stand_in = StandIn()
         batcher = await _started(stand_in, max_queue=4)
         first = await _one_running(stand_in, batcher)
         waiting = [batcher.submit(_input(i)) for i in range(1, 4)]
@@ -98,9 +106,8 @@ def test_the_queue_one_below_full_is_not_full():
     (5, 7, [[1, 2, 3, 4], [5], [6, 7]]),
     (1, 3, [[1], [2], [3]]),
 ])
-def test_a_collection_takes_max_batch_in_power_of_two_runs(max_batch, waiting, runs):
+def test_a_collection_takes_max_batch_in_power_of_two_runs(stand_in, max_batch, waiting, runs):
     async def main():
-        stand_in = StandIn()
         batcher = await _started(stand_in, max_batch=max_batch, max_queue=16)
         first = await _one_running(stand_in, batcher)
         jobs = [batcher.submit(_input(i)) for i in range(1, waiting + 1)]
@@ -131,9 +138,9 @@ def test_max_wait_gathers_what_arrives_within_it_and_not_after():
     assert _run(main(0.6, 0.05)) == [[1], [2]]
 
 
-def test_a_request_past_its_deadline_in_the_queue_gets_deadline_exceeded_and_never_runs():
+def test_a_request_past_its_deadline_in_the_queue_gets_deadline_exceeded_and_never_runs(
+        stand_in):
     async def main():
-        stand_in = StandIn()
         batcher = await _started(stand_in)
         first = await _one_running(stand_in, batcher)
         loop = asyncio.get_running_loop()
@@ -151,9 +158,8 @@ def test_a_request_past_its_deadline_in_the_queue_gets_deadline_exceeded_and_nev
     assert _run(main()) == [[0], [8]]
 
 
-def test_the_drain_runs_one_at_a_time_then_refuses_what_waits():
+def test_the_drain_runs_one_at_a_time_then_refuses_what_waits(stand_in):
     async def main():
-        stand_in = StandIn()
         batcher = await _started(stand_in, max_batch=3, max_queue=8)
         first = await _one_running(stand_in, batcher)
         waiting = [batcher.submit(_input(i)) for i in range(1, 5)]
@@ -175,9 +181,8 @@ def test_the_drain_runs_one_at_a_time_then_refuses_what_waits():
                for r in results[3:])
 
 
-def test_the_warm_up_runs_each_batch_size_before_any_request():
+def test_the_warm_up_runs_each_batch_size_before_any_request(stand_in):
     async def main():
-        stand_in = StandIn()
         stand_in.hold.set()
         batcher = await _started(stand_in, max_batch=6, warmup_shape=(3, 5, 7))
         await _until(stand_in.entered.is_set)
