@@ -158,6 +158,20 @@ def test_a_request_past_its_deadline_in_the_queue_gets_deadline_exceeded_and_nev
     assert _run(main()) == [[0], [8]]
 
 
+def test_a_request_whose_deadline_passes_while_it_waits_for_company_never_runs(stand_in):
+    async def main():
+        batcher = await _started(stand_in, max_batch=4, max_wait_s=1.0)
+        loop = asyncio.get_running_loop()
+        late = batcher.submit(_input(1), deadline=loop.time() + 0.2)  # taken, then waits 1 s
+        kept = batcher.submit(_input(2))
+        with pytest.raises(DeadlineExceeded, match='waited for others to share its run'):
+            await late
+        await kept
+        await batcher.stop()
+        return stand_in.batches
+    assert _run(main()) == [[2]]
+
+
 def test_the_drain_runs_one_at_a_time_then_refuses_what_waits(stand_in):
     async def main():
         batcher = await _started(stand_in, max_batch=3, max_queue=8)
