@@ -498,6 +498,7 @@ MINI = os.path.join(ROOT, 'configs', 'psanet')
     (['--ssl_certfile', 'cert.pem'], ['--ssl_certfile and --ssl_keyfile go together']),
     (['--host', 'not a host'], ['--host not a host', 'does not resolve']),
     (['--host', 'a..b'], ['--host a..b', 'does not resolve']),
+    (['--host', '192.0.2.1'], ['192.0.2.1', 'not an address of this machine']),  # bound only
 ])
 def test_a_bad_number_or_address_is_one_line_before_the_model_loads(flags, words, bad_files,
                                                                     monkeypatch, capsys):

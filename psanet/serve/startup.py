@@ -141,21 +141,27 @@ def bind(host, port):
         reason = error.strerror if isinstance(error, socket.gaierror) else 'not a host name'
         raise ConfigError(f'--host {host} does not resolve ({reason}): give an address of this '
                           'machine, e.g. 127.0.0.1 or 0.0.0.0.') from None
-    sockets, seen = [], set()
+    sockets, seen, unavailable = [], set(), []
     try:
         for family, kind, proto, _, address in addresses:
             if address[:2] in seen:
                 continue
             seen.add(address[:2])
             sock = socket.socket(family, kind, proto)
-            sockets.append(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             if family == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             try:
                 sock.bind(address)
             except OSError as error:
-                raise ConfigError(_bind_error(host, port, address[0], error)) from None
+                sock.close()
+                if error.errno != errno.EADDRNOTAVAIL:  # a port in use, a privileged port
+                    raise ConfigError(_bind_error(host, port, address[0], error)) from None
+                unavailable.append((address[0], error))  # e.g. localhost's ::1 without IPv6
+                continue
+            sockets.append(sock)
+        if not sockets:
+            raise ConfigError(_bind_error(host, port, *unavailable[0]))
     except BaseException:
         for sock in sockets:
             sock.close()
