@@ -6,6 +6,7 @@ with and without CPU hogs beside the server.
     python bench/bench_serve.py [--config DEPLOY_YAML] [--size 256 128] [--requests 96]
         [--time_limit_s 60] [--max_batch 8] [--max_wait_ms 5] [--cpu_threads N]
         [--deadline_s 0.25] [--graceful_timeout_s 2] [--drain_requests 64]
+        [--parts load warmup deadline drain]
 
 Protocol (docs/deploy.md, "Serving: measured"): one export (default: the mini config's
 PSANet with its initial weights, exported with export.py's defaults); one PNG of --size,
@@ -43,6 +44,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 CONCURRENCY = (1, 4, 16)
+PARTS = ['load', 'warmup', 'deadline', 'drain']
 
 
 def parse_args():
@@ -60,6 +62,8 @@ def parse_args():
                         help='X-Request-Timeout-S of the deadline pass.')
     parser.add_argument('--graceful_timeout_s', type=int, default=2)
     parser.add_argument('--drain_requests', type=int, default=64)
+    parser.add_argument('--parts', nargs='+', default=PARTS, choices=PARTS,
+                        help='What to measure. Default: all.')
     return parser.parse_args()
 
 
@@ -176,7 +180,7 @@ def _warm_up(deploy, args, body, log):
     rows = []
     for flags in ([], ['--warmup_size', str(args.size[0]), str(args.size[1])]):
         server = Server(deploy, args, args.max_batch, log, *flags)
-        warmup_s = httpx.get(f'{server.url}/v1/stats').json()['warmup_s']
+        warmup_s = httpx.get(f'{server.url}/v1/stats', timeout=120).json()['warmup_s']
         times = []
         for _ in range(10):
             start = time.perf_counter()
@@ -229,7 +233,7 @@ def _sigterm_drain(deploy, args, body, log, hogs):
             in_flight, wait_until = 0, time.monotonic() + 120
             while in_flight < args.drain_requests and time.monotonic() < wait_until and \
                     not any(f.done() for f in futures):
-                in_flight = httpx.get(f'{server.url}/v1/stats').json()['in_flight']
+                in_flight = httpx.get(f'{server.url}/v1/stats', timeout=120).json()['in_flight']
                 time.sleep(0.01)
             start = time.perf_counter()
             server.process.send_signal(signal.SIGTERM)
@@ -240,6 +244,7 @@ def _sigterm_drain(deploy, args, body, log, hogs):
         for process in busy:
             process.kill()
             process.wait()
+        server.stop()
     statuses = [status for status, _ in answered.values()]
     last = max(t for _, t in answered.values()) - start
     return (in_flight, statuses.count(200), statuses.count(503),
@@ -249,6 +254,8 @@ def _sigterm_drain(deploy, args, body, log, hogs):
 def main():
     args = parse_args()
     sys.stdout.reconfigure(line_buffering=True)
+    import logging
+    logging.getLogger('httpx').setLevel(logging.WARNING)  # not a line per request
     import cv2
     from psanet import Segmenter
     with tempfile.TemporaryDirectory(prefix='bench_serve_') as work:
@@ -259,80 +266,84 @@ def main():
                                       tuple(args.size), interpolation=cv2.INTER_CUBIC))
         with open(image, 'rb') as f:
             body = f.read()
-        seg = Segmenter.from_export(deploy, cpu_threads=args.cpu_threads)
-        for _ in range(3):
-            seg(image)
-        times = []
-        for _ in range(min(args.requests, 48)):
-            start = time.perf_counter()
-            seg(image)
-            times.append(time.perf_counter() - start)
-        direct_ms = 1000 * float(np.median(times))
-        del seg
+        import httpx
+        log = open(os.path.join(work, 'serve.log'), 'w')
         print(f'export {deploy}, image {args.size[0]}x{args.size[1]} PNG ({len(body)} bytes), '
               f'{os.cpu_count()} CPUs, --cpu_threads {args.cpu_threads or "all"}')
-        print(f'\ndirect: Segmenter(path) in one process, median {direct_ms:.1f} ms '
-              f'({1000 / direct_ms:.1f} images/s)\n')
-        print('| batching | concurrency | requests | requests/s | p50 ms | p95 ms | p99 ms '
-              '| errors | runs by batch size | vs direct (req/s) |')
-        print('|---|---:|---:|---:|---:|---:|---:|---:|---|---:|')
-        import httpx
-        memory = []
-        log = open(os.path.join(work, 'serve.log'), 'w')
-        for max_batch in (1, args.max_batch):
-            server = Server(deploy, args, max_batch, log)
-            for concurrency in CONCURRENCY:  # warm-up: every batch shape the load makes
-                _load(server.url, body, concurrency, args.requests // 2, args.time_limit_s)
-            rss = [_rss_mib(server.process.pid)]
-            for concurrency in CONCURRENCY:
-                before = httpx.get(f'{server.url}/v1/stats').json()['runs_by_batch_size']
-                rate, latencies, errors = _load(server.url, body, concurrency, args.requests,
-                                                args.time_limit_s)
-                after = httpx.get(f'{server.url}/v1/stats').json()['runs_by_batch_size']
-                runs = {n: after[n] - before.get(n, 0) for n in after
-                        if after[n] - before.get(n, 0)}
-                p50, p95, p99 = _percentiles(latencies)
-                what = 'off' if max_batch == 1 else f'max {max_batch}, {args.max_wait_ms:g} ms'
-                print(f'| {what} | {concurrency} | {len(latencies)} | {rate:.1f} | {p50:.1f} | '
-                      f'{p95:.1f} | {p99:.1f} | {errors} | '
-                      f'{", ".join(f"{n}: {r}" for n, r in runs.items())} | '
-                      f'{rate * direct_ms / 1000:.2f} |')
-            rss.append(_rss_mib(server.process.pid))
-            memory.append((max_batch, rss))
+        if 'load' in args.parts:
+            seg = Segmenter.from_export(deploy, cpu_threads=args.cpu_threads)
+            for _ in range(3):
+                seg(image)
+            times = []
+            for _ in range(min(args.requests, 48)):
+                start = time.perf_counter()
+                seg(image)
+                times.append(time.perf_counter() - start)
+            direct_ms = 1000 * float(np.median(times))
+            del seg
+            print(f'\ndirect: Segmenter(path) in one process, median {direct_ms:.1f} ms '
+                  f'({1000 / direct_ms:.1f} images/s)\n')
+            print('| batching | concurrency | requests | requests/s | p50 ms | p95 ms | p99 ms '
+                  '| errors | runs by batch size | vs direct (req/s) |')
+            print('|---|---:|---:|---:|---:|---:|---:|---:|---|---:|')
+            memory = []
+            for max_batch in (1, args.max_batch):
+                server = Server(deploy, args, max_batch, log)
+                for concurrency in CONCURRENCY:  # warm-up: every batch shape the load makes
+                    _load(server.url, body, concurrency, args.requests // 2, args.time_limit_s)
+                rss = [_rss_mib(server.process.pid)]
+                for concurrency in CONCURRENCY:
+                    before = httpx.get(f'{server.url}/v1/stats').json()['runs_by_batch_size']
+                    rate, latencies, errors = _load(server.url, body, concurrency, args.requests,
+                                                    args.time_limit_s)
+                    after = httpx.get(f'{server.url}/v1/stats').json()['runs_by_batch_size']
+                    runs = {n: after[n] - before.get(n, 0) for n in after
+                            if after[n] - before.get(n, 0)}
+                    p50, p95, p99 = _percentiles(latencies)
+                    what = 'off' if max_batch == 1 else f'max {max_batch}, {args.max_wait_ms:g} ms'
+                    print(f'| {what} | {concurrency} | {len(latencies)} | {rate:.1f} | {p50:.1f} | '
+                          f'{p95:.1f} | {p99:.1f} | {errors} | '
+                          f'{", ".join(f"{n}: {r}" for n, r in runs.items())} | '
+                          f'{rate * direct_ms / 1000:.2f} |')
+                rss.append(_rss_mib(server.process.pid))
+                memory.append((max_batch, rss))
+                server.stop()
+            print('\n| batching | server RSS after the warm-up MiB | after the measured load MiB |')
+            print('|---|---:|---:|')
+            for max_batch, (first, last) in memory:
+                print(f'| {"off" if max_batch == 1 else f"max {max_batch}"} | {first:.0f} | '
+                      f'{last:.0f} |')
+        if 'warmup' in args.parts:
+            print('\n| warm-up | start to /ready s | warm-up s | 1st request ms | 10th request ms '
+                  f'| 1st burst of {args.max_batch}, p50 ms | 2nd burst, p50 ms |')
+            print('|---|---:|---:|---:|---:|---:|---:|')
+            for what, ready_s, warmup_s, first, tenth, burst1, burst2 in _warm_up(deploy, args, body,
+                                                                                  log):
+                print(f'| {what} | {ready_s:.1f} | {warmup_s or 0:.2f} | {first:.1f} | {tenth:.1f} '
+                      f'| {burst1:.1f} | {burst2:.1f} |')
+        if 'deadline' in args.parts:
+            server = Server(deploy, args, args.max_batch, log)
+            _load(server.url, body, 16, args.requests // 2, args.time_limit_s)  # warm
+            print(f'\n| X-Request-Timeout-S | concurrency | requests | 200 | 504 | other '
+                  '| p50 ms of the 200s | p50 ms of the 504s |')
+            print('|---:|---:|---:|---:|---:|---:|---:|---:|')
+            for deadline_s in (args.deadline_s, 60):
+                ok, late, other, ok_ms, late_ms = _deadline(server.url, body, 16, args.requests,
+                                                            deadline_s)
+                print(f'| {deadline_s:g} | 16 | {args.requests} | {ok} | {late} | {other} '
+                      f'| {ok_ms:.1f} | {late_ms:.1f} |')
             server.stop()
-        print('\n| batching | server RSS after the warm-up MiB | after the measured load MiB |')
-        print('|---|---:|---:|')
-        for max_batch, (first, last) in memory:
-            print(f'| {"off" if max_batch == 1 else f"max {max_batch}"} | {first:.0f} | '
-                  f'{last:.0f} |')
-        print('\n| warm-up | start to /ready s | warm-up s | 1st request ms | 10th request ms '
-              f'| 1st burst of {args.max_batch}, p50 ms | 2nd burst, p50 ms |')
-        print('|---|---:|---:|---:|---:|---:|---:|')
-        for what, ready_s, warmup_s, first, tenth, burst1, burst2 in _warm_up(deploy, args, body,
-                                                                              log):
-            print(f'| {what} | {ready_s:.1f} | {warmup_s or 0:.2f} | {first:.1f} | {tenth:.1f} '
-                  f'| {burst1:.1f} | {burst2:.1f} |')
-        server = Server(deploy, args, args.max_batch, log)
-        _load(server.url, body, 16, args.requests // 2, args.time_limit_s)  # warm
-        print(f'\n| X-Request-Timeout-S | concurrency | requests | 200 | 504 | other '
-              '| p50 ms of the 200s | p50 ms of the 504s |')
-        print('|---:|---:|---:|---:|---:|---:|---:|---:|')
-        for deadline_s in (args.deadline_s, 60):
-            ok, late, other, ok_ms, late_ms = _deadline(server.url, body, 16, args.requests,
-                                                        deadline_s)
-            print(f'| {deadline_s:g} | 16 | {args.requests} | {ok} | {late} | {other} '
-                  f'| {ok_ms:.1f} | {late_ms:.1f} |')
-        server.stop()
-        print(f'\n| CPU hogs | requests | in flight at SIGTERM | 200 | 503 | none '
-              f'| last answer s | exit s | bound s | exit code |')
-        print('|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|')
-        from psanet.serve.app import DRAIN_BACKSTOP_S
-        for hogs in (False, True):
-            in_flight, ok, refused, none, last, exited, code = _sigterm_drain(
-                deploy, args, body, log, hogs)
-            print(f'| {os.cpu_count() if hogs else 0} | {args.drain_requests} | {in_flight} '
-                  f'| {ok} | {refused} | {none} | {last:.2f} | {exited:.2f} '
-                  f'| {args.graceful_timeout_s + DRAIN_BACKSTOP_S} | {code} |')
+        if 'drain' in args.parts:
+            print(f'\n| CPU hogs | requests | in flight at SIGTERM | 200 | 503 | none '
+                  f'| last answer s | exit s | bound s | exit code |')
+            print('|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|')
+            from psanet.serve.app import DRAIN_BACKSTOP_S
+            for hogs in (False, True):
+                in_flight, ok, refused, none, last, exited, code = _sigterm_drain(
+                    deploy, args, body, log, hogs)
+                print(f'| {os.cpu_count() if hogs else 0} | {args.drain_requests} | {in_flight} '
+                      f'| {ok} | {refused} | {none} | {last:.2f} | {exited:.2f} '
+                      f'| {args.graceful_timeout_s + DRAIN_BACKSTOP_S} | {code} |')
         log.close()
 
 
