@@ -32,7 +32,7 @@ def parse_args(argv=None):
     parser.add_argument('--host', default=defaults.host,
                         help=f'Address to listen on. Default: {defaults.host} (this machine '
                         'only); 0.0.0.0 for every interface.')
-    parser.add_argument('--port', type=int, default=defaults.port)
+    parser.add_argument('--port', type=int, default=defaults.port, help='1 to 65535.')
     parser.add_argument('--max_batch', type=int, default=defaults.max_batch,
                         help='Most requests of one input size in one run (dynamic batching; '
                         '1 turns it off).')
@@ -45,12 +45,35 @@ def parse_args(argv=None):
     parser.add_argument('--max_pixels', type=int, default=defaults.max_pixels,
                         help='Largest image, width x height; larger gets 413.')
     parser.add_argument('--graceful_timeout_s', type=int, default=defaults.graceful_timeout_s,
-                        help='On SIGTERM, how long requests in flight may take to finish.')
+                        help='On SIGTERM, how long the queue is still served; then what waits '
+                        'gets 503, the run in progress is answered, and the server exits.')
+    parser.add_argument('--request_timeout_s', type=float, default=defaults.request_timeout_s,
+                        help='A request whose run has not begun this long after its arrival '
+                        'gets 504 and never runs. Per request: the X-Request-Timeout-S header, '
+                        "or the Open Inference Protocol's timeout parameter. Default: none.")
+    parser.add_argument('--warmup_size', type=int, nargs=2, default=defaults.warmup_size,
+                        metavar=('W', 'H'),
+                        help='Before /ready says ready, one run of each batch size at this '
+                        "image size. Default: the size the export's input shape or its "
+                        'transforms fix, if any (else no warm-up).')
+    parser.add_argument('--model_name', default=defaults.model_name,
+                        help='The model\'s name in the Open Inference Protocol routes '
+                        '(/v2/models/<name>/infer).')
+    parser.add_argument('--auth_token_file', default=defaults.auth_token_file,
+                        help='A file holding a token: every route but /health, /ready, '
+                        '/v2/health/* and the explorer\'s files then needs '
+                        '"Authorization: Bearer <token>".')
+    parser.add_argument('--ssl_certfile', default=defaults.ssl_certfile,
+                        help='HTTPS: the certificate (PEM), with --ssl_keyfile.')
+    parser.add_argument('--ssl_keyfile', default=defaults.ssl_keyfile,
+                        help='HTTPS: the certificate\'s private key (PEM).')
     return parser.parse_args(argv)
 
 
 def main(argv=None):
     flags = vars(parse_args(argv))
+    if flags['warmup_size'] is not None:
+        flags['warmup_size'] = tuple(flags['warmup_size'])
     return run_cli(lambda: serve(ServeOptions(**flags)))
 
 

@@ -1,9 +1,12 @@
 """serve.py under load on the loopback: requests/s and latency at concurrency 1, 4 and 16, with
-and without dynamic batching, the server's memory before and after, the SIGTERM drain, and the
-server's overhead against calling psanet.Segmenter in one process.
+and without dynamic batching, the server's memory before and after, the server's overhead
+against calling psanet.Segmenter in one process, the warm-up, deadlines, and the SIGTERM drain
+with and without CPU hogs beside the server.
 
     python bench/bench_serve.py [--config DEPLOY_YAML] [--size 256 128] [--requests 96]
         [--time_limit_s 60] [--max_batch 8] [--max_wait_ms 5] [--cpu_threads N]
+        [--deadline_s 0.25] [--graceful_timeout_s 2] [--drain_requests 64]
+        [--parts load warmup deadline drain]
 
 Protocol (docs/deploy.md, "Serving: measured"): one export (default: the mini config's
 PSANet with its initial weights, exported with export.py's defaults); one PNG of --size,
@@ -14,8 +17,17 @@ after one untimed request per thread. Latency is the client's, request sent to P
 received; errors are answers other than 200 (must be 0). RSS is the server's VmRSS after
 a warm-up pass (every concurrency, half the requests: the backend has met every batch
 shape) and after the measured pass. The direct figure: the same image through
-Segmenter(path) in this process, one call at a time. Then one server gets 16 requests at
-once and SIGTERM: the time to exit and its exit code.
+Segmenter(path) in this process, one call at a time.
+
+Warm-up: a fresh server without and with ``--warmup_size`` (the image's size), each timed
+from its start to /ready, then one request (the first), nine more one at a time (the tenth
+timed), and a burst of --max_batch at once (the first batch of that size), then another
+burst. Deadlines: the batching server at concurrency 16 with ``X-Request-Timeout-S
+--deadline_s`` on every request: how many are answered, how many get 504, and how fast. Drain:
+a server with ``--graceful_timeout_s`` gets --drain_requests at once and SIGTERM once it has
+read them all; with as many CPU hogs (busy processes) as CPUs beside it, and without: the
+answers (200, 503, none), the last answer's and the exit's time after the signal, the exit
+code.
 """
 import argparse
 import concurrent.futures
@@ -32,6 +44,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 CONCURRENCY = (1, 4, 16)
+PARTS = ['load', 'warmup', 'deadline', 'drain']
 
 
 def parse_args():
@@ -45,6 +58,12 @@ def parse_args():
     parser.add_argument('--max_batch', type=int, default=8)
     parser.add_argument('--max_wait_ms', type=float, default=5)
     parser.add_argument('--cpu_threads', type=int, default=None)
+    parser.add_argument('--deadline_s', type=float, default=0.25,
+                        help='X-Request-Timeout-S of the deadline pass.')
+    parser.add_argument('--graceful_timeout_s', type=int, default=2)
+    parser.add_argument('--drain_requests', type=int, default=64)
+    parser.add_argument('--parts', nargs='+', default=PARTS, choices=PARTS,
+                        help='What to measure. Default: all.')
     return parser.parse_args()
 
 
@@ -73,24 +92,27 @@ def _rss_mib(pid):
 
 
 class Server:
-    def __init__(self, deploy, args, max_batch, log):
+    def __init__(self, deploy, args, max_batch, log, *flags):
         import httpx
         self.port = _free_port()
         self.url = f'http://127.0.0.1:{self.port}'
         command = [sys.executable, os.path.join(ROOT, 'serve.py'), '--config', deploy,
                    '--port', str(self.port), '--max_batch', str(max_batch),
-                   '--max_wait_ms', str(args.max_wait_ms), '--max_queue', '256']
+                   '--max_wait_ms', str(args.max_wait_ms), '--max_queue', '256', *flags]
         if args.cpu_threads:
             command += ['--cpu_threads', str(args.cpu_threads)]
+        start = time.perf_counter()
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                         env=dict(os.environ, PYTHONPATH=ROOT))
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and self.process.poll() is None:
             try:
                 if httpx.get(f'{self.url}/ready', timeout=5).status_code == 200:
+                    self.ready_s = time.perf_counter() - start
                     return
             except httpx.TransportError:
-                time.sleep(0.2)
+                pass
+            time.sleep(0.05)
         raise SystemExit(f'serve.py did not start; see {log.name}')
 
     def stop(self):
@@ -135,27 +157,105 @@ def _percentiles(latencies):
     return [1000 * float(np.percentile(latencies, q)) for q in (50, 95, 99)]
 
 
-def _sigterm_drain(deploy, args, body, log):
+def _post(url, body, headers=None):
     import httpx
-    server = Server(deploy, args, args.max_batch, log)
-    with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        futures = [pool.submit(httpx.post, f'{server.url}/v1/segment', content=body,
-                               headers={'Content-Type': 'image/png'}, timeout=120)
-                   for _ in range(16)]
-        in_flight = 0
-        while in_flight < 16 and not any(f.done() for f in futures):
-            in_flight = httpx.get(f'{server.url}/v1/stats').json()['in_flight']
+    return httpx.post(f'{url}/v1/segment', content=body, timeout=300,
+                      headers={'Content-Type': 'image/png', **(headers or {})})
+
+
+def _burst(url, body, count):
+    """Latencies (s) of ``count`` requests sent at once."""
+    def timed(_):
         start = time.perf_counter()
-        server.process.send_signal(signal.SIGTERM)
-        code = server.process.wait(120)
-        drained = time.perf_counter() - start
-        answered = sum(f.result().status_code == 200 for f in futures)
-    return drained, code, answered, in_flight
+        assert _post(url, body).status_code == 200
+        return time.perf_counter() - start
+    with concurrent.futures.ThreadPoolExecutor(count) as pool:
+        return list(pool.map(timed, range(count)))
+
+
+def _warm_up(deploy, args, body, log):
+    """Rows: (warm-up, s to /ready, warm-up s, first ms, tenth ms, first burst p50 ms, second
+    burst p50 ms)."""
+    import httpx
+    rows = []
+    for flags in ([], ['--warmup_size', str(args.size[0]), str(args.size[1])]):
+        server = Server(deploy, args, args.max_batch, log, *flags)
+        warmup_s = httpx.get(f'{server.url}/v1/stats', timeout=120).json()['warmup_s']
+        times = []
+        for _ in range(10):
+            start = time.perf_counter()
+            assert _post(server.url, body).status_code == 200
+            times.append(time.perf_counter() - start)
+        bursts = [1000 * float(np.median(_burst(server.url, body, args.max_batch)))
+                  for _ in range(2)]
+        rows.append(('on' if flags else 'off', server.ready_s, warmup_s, 1000 * times[0],
+                     1000 * times[9], *bursts))
+        server.stop()
+    return rows
+
+
+def _deadline(url, body, concurrency, count, deadline_s):
+    """(answered, timed out, other, p50 ms of the answered, p50 ms of the 504s)."""
+    def one(_):
+        start = time.perf_counter()
+        status = _post(url, body, {'X-Request-Timeout-S': str(deadline_s)}).status_code
+        return status, time.perf_counter() - start
+    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+        results = list(pool.map(one, range(count)))
+    by = {code: [t for s, t in results if s == code] for code in (200, 504)}
+    median = lambda t: 1000 * float(np.median(t)) if t else float('nan')  # noqa: E731
+    return (len(by[200]), len(by[504]), count - len(by[200]) - len(by[504]), median(by[200]),
+            median(by[504]))
+
+
+def _hogs(count):
+    """``count`` busy processes (CPU hogs)."""
+    return [subprocess.Popen([sys.executable, '-c', 'while True: pass']) for _ in range(count)]
+
+
+def _sigterm_drain(deploy, args, body, log, hogs):
+    """(in flight at the signal, 200s, 503s, others, s to the last answer, s to the exit, exit
+    code) of --drain_requests sent at once and SIGTERM once all are read."""
+    import httpx
+    server = Server(deploy, args, args.max_batch, log, '--graceful_timeout_s',
+                    str(args.graceful_timeout_s))
+    busy = _hogs(os.cpu_count() if hogs else 0)
+    answered = {}
+
+    def send(i):
+        try:
+            answered[i] = (_post(server.url, body).status_code, time.perf_counter())
+        except httpx.TransportError:
+            answered[i] = (None, time.perf_counter())
+    try:
+        with concurrent.futures.ThreadPoolExecutor(args.drain_requests) as pool:
+            futures = [pool.submit(send, i) for i in range(args.drain_requests)]
+            in_flight, wait_until = 0, time.monotonic() + 120
+            while in_flight < args.drain_requests and time.monotonic() < wait_until and \
+                    not any(f.done() for f in futures):
+                in_flight = httpx.get(f'{server.url}/v1/stats', timeout=120).json()['in_flight']
+                time.sleep(0.01)
+            start = time.perf_counter()
+            server.process.send_signal(signal.SIGTERM)
+            code = server.process.wait(300)
+            exited = time.perf_counter() - start
+            concurrent.futures.wait(futures)
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
+        server.stop()
+    statuses = [status for status, _ in answered.values()]
+    last = max(t for _, t in answered.values()) - start
+    return (in_flight, statuses.count(200), statuses.count(503),
+            len(statuses) - statuses.count(200) - statuses.count(503), last, exited, code)
 
 
 def main():
     args = parse_args()
     sys.stdout.reconfigure(line_buffering=True)
+    import logging
+    logging.getLogger('httpx').setLevel(logging.WARNING)  # not a line per request
     import cv2
     from psanet import Segmenter
     with tempfile.TemporaryDirectory(prefix='bench_serve_') as work:
@@ -166,55 +266,84 @@ def main():
                                       tuple(args.size), interpolation=cv2.INTER_CUBIC))
         with open(image, 'rb') as f:
             body = f.read()
-        seg = Segmenter.from_export(deploy, cpu_threads=args.cpu_threads)
-        for _ in range(3):
-            seg(image)
-        times = []
-        for _ in range(min(args.requests, 48)):
-            start = time.perf_counter()
-            seg(image)
-            times.append(time.perf_counter() - start)
-        direct_ms = 1000 * float(np.median(times))
-        del seg
+        import httpx
+        log = open(os.path.join(work, 'serve.log'), 'w')
         print(f'export {deploy}, image {args.size[0]}x{args.size[1]} PNG ({len(body)} bytes), '
               f'{os.cpu_count()} CPUs, --cpu_threads {args.cpu_threads or "all"}')
-        print(f'\ndirect: Segmenter(path) in one process, median {direct_ms:.1f} ms '
-              f'({1000 / direct_ms:.1f} images/s)\n')
-        print('| batching | concurrency | requests | requests/s | p50 ms | p95 ms | p99 ms '
-              '| errors | runs by batch size | vs direct (req/s) |')
-        print('|---|---:|---:|---:|---:|---:|---:|---:|---|---:|')
-        import httpx
-        memory = []
-        log = open(os.path.join(work, 'serve.log'), 'w')
-        for max_batch in (1, args.max_batch):
-            server = Server(deploy, args, max_batch, log)
-            for concurrency in CONCURRENCY:  # warm-up: every batch shape the load makes
-                _load(server.url, body, concurrency, args.requests // 2, args.time_limit_s)
-            rss = [_rss_mib(server.process.pid)]
-            for concurrency in CONCURRENCY:
-                before = httpx.get(f'{server.url}/v1/stats').json()['runs_by_batch_size']
-                rate, latencies, errors = _load(server.url, body, concurrency, args.requests,
-                                                args.time_limit_s)
-                after = httpx.get(f'{server.url}/v1/stats').json()['runs_by_batch_size']
-                runs = {n: after[n] - before.get(n, 0) for n in after
-                        if after[n] - before.get(n, 0)}
-                p50, p95, p99 = _percentiles(latencies)
-                what = 'off' if max_batch == 1 else f'max {max_batch}, {args.max_wait_ms:g} ms'
-                print(f'| {what} | {concurrency} | {len(latencies)} | {rate:.1f} | {p50:.1f} | '
-                      f'{p95:.1f} | {p99:.1f} | {errors} | '
-                      f'{", ".join(f"{n}: {r}" for n, r in runs.items())} | '
-                      f'{rate * direct_ms / 1000:.2f} |')
-            rss.append(_rss_mib(server.process.pid))
-            memory.append((max_batch, rss))
+        if 'load' in args.parts:
+            seg = Segmenter.from_export(deploy, cpu_threads=args.cpu_threads)
+            for _ in range(3):
+                seg(image)
+            times = []
+            for _ in range(min(args.requests, 48)):
+                start = time.perf_counter()
+                seg(image)
+                times.append(time.perf_counter() - start)
+            direct_ms = 1000 * float(np.median(times))
+            del seg
+            print(f'\ndirect: Segmenter(path) in one process, median {direct_ms:.1f} ms '
+                  f'({1000 / direct_ms:.1f} images/s)\n')
+            print('| batching | concurrency | requests | requests/s | p50 ms | p95 ms | p99 ms '
+                  '| errors | runs by batch size | vs direct (req/s) |')
+            print('|---|---:|---:|---:|---:|---:|---:|---:|---|---:|')
+            memory = []
+            for max_batch in (1, args.max_batch):
+                server = Server(deploy, args, max_batch, log)
+                for concurrency in CONCURRENCY:  # warm-up: every batch shape the load makes
+                    _load(server.url, body, concurrency, args.requests // 2, args.time_limit_s)
+                rss = [_rss_mib(server.process.pid)]
+                for concurrency in CONCURRENCY:
+                    before = httpx.get(f'{server.url}/v1/stats').json()['runs_by_batch_size']
+                    rate, latencies, errors = _load(server.url, body, concurrency, args.requests,
+                                                    args.time_limit_s)
+                    after = httpx.get(f'{server.url}/v1/stats').json()['runs_by_batch_size']
+                    runs = {n: after[n] - before.get(n, 0) for n in after
+                            if after[n] - before.get(n, 0)}
+                    p50, p95, p99 = _percentiles(latencies)
+                    what = 'off' if max_batch == 1 else f'max {max_batch}, {args.max_wait_ms:g} ms'
+                    print(f'| {what} | {concurrency} | {len(latencies)} | {rate:.1f} | {p50:.1f} | '
+                          f'{p95:.1f} | {p99:.1f} | {errors} | '
+                          f'{", ".join(f"{n}: {r}" for n, r in runs.items())} | '
+                          f'{rate * direct_ms / 1000:.2f} |')
+                rss.append(_rss_mib(server.process.pid))
+                memory.append((max_batch, rss))
+                server.stop()
+            print('\n| batching | server RSS after the warm-up MiB | after the measured load MiB |')
+            print('|---|---:|---:|')
+            for max_batch, (first, last) in memory:
+                print(f'| {"off" if max_batch == 1 else f"max {max_batch}"} | {first:.0f} | '
+                      f'{last:.0f} |')
+        if 'warmup' in args.parts:
+            print('\n| warm-up | start to /ready s | warm-up s | 1st request ms | 10th request ms '
+                  f'| 1st burst of {args.max_batch}, p50 ms | 2nd burst, p50 ms |')
+            print('|---|---:|---:|---:|---:|---:|---:|')
+            for what, ready_s, warmup_s, first, tenth, burst1, burst2 in _warm_up(deploy, args, body,
+                                                                                  log):
+                print(f'| {what} | {ready_s:.1f} | {warmup_s or 0:.2f} | {first:.1f} | {tenth:.1f} '
+                      f'| {burst1:.1f} | {burst2:.1f} |')
+        if 'deadline' in args.parts:
+            server = Server(deploy, args, args.max_batch, log)
+            _load(server.url, body, 16, args.requests // 2, args.time_limit_s)  # warm
+            print(f'\n| X-Request-Timeout-S | concurrency | requests | 200 | 504 | other '
+                  '| p50 ms of the 200s | p50 ms of the 504s |')
+            print('|---:|---:|---:|---:|---:|---:|---:|---:|')
+            for deadline_s in (args.deadline_s, 60):
+                ok, late, other, ok_ms, late_ms = _deadline(server.url, body, 16, args.requests,
+                                                            deadline_s)
+                print(f'| {deadline_s:g} | 16 | {args.requests} | {ok} | {late} | {other} '
+                      f'| {ok_ms:.1f} | {late_ms:.1f} |')
             server.stop()
-        print('\n| batching | server RSS after the warm-up MiB | after the measured load MiB |')
-        print('|---|---:|---:|')
-        for max_batch, (first, last) in memory:
-            print(f'| {"off" if max_batch == 1 else f"max {max_batch}"} | {first:.0f} | '
-                  f'{last:.0f} |')
-        drained, code, answered, in_flight = _sigterm_drain(deploy, args, body, log)
-        print(f'\nSIGTERM with {in_flight} of 16 requests in flight: answered {answered}/16, '
-              f'exit code {code}, {drained:.2f} s from the signal to the exit')
+        if 'drain' in args.parts:
+            print(f'\n| CPU hogs | requests | in flight at SIGTERM | 200 | 503 | none '
+                  f'| last answer s | exit s | bound s | exit code |')
+            print('|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|')
+            from psanet.serve.app import DRAIN_BACKSTOP_S
+            for hogs in (False, True):
+                in_flight, ok, refused, none, last, exited, code = _sigterm_drain(
+                    deploy, args, body, log, hogs)
+                print(f'| {os.cpu_count() if hogs else 0} | {args.drain_requests} | {in_flight} '
+                      f'| {ok} | {refused} | {none} | {last:.2f} | {exited:.2f} '
+                      f'| {args.graceful_timeout_s + DRAIN_BACKSTOP_S} | {code} |')
         log.close()
 
 

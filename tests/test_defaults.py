@@ -28,7 +28,8 @@ from psanet.serve.app import ServeOptions
 
 SERVE_OPTIONS = ('model_path', 'backend', 'device', 'int8', 'cpu_threads', 'host', 'port',
                  'max_batch', 'max_wait_ms', 'max_queue', 'max_body_bytes', 'max_pixels',
-                 'graceful_timeout_s')
+                 'graceful_timeout_s', 'request_timeout_s', 'warmup_size', 'model_name',
+                 'auth_token_file', 'ssl_certfile', 'ssl_keyfile')
 
 
 def _infer_cli():

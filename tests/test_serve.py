@@ -1,10 +1,11 @@
 """serve.py as a user starts it: its class maps against psanet.Segmenter called directly (byte
-for byte), dynamic batching against the dygraph model's logits, the model's contract on GET,
-every bad request a 4xx with one line of JSON and the next request served, the queue full
-(503 + Retry-After), a client that hangs up, and SIGTERM under load (every accepted request
-answered, exit 0)."""
+for byte), over /v1/segment and over the Open Inference Protocol with Triton's own client
+(tritonclient), dynamic batching against the dygraph model's logits, the model's contract on
+GET, every bad request a 4xx with one line of JSON and the next request served, the queue full
+(503 + Retry-After), deadlines on the real model (504, never run), a client that hangs up, and
+SIGTERM under load (every accepted request answered, exit 0). tests/test_serve_ops.py holds
+the operational checks with a stand-in for a slow backend."""
 import concurrent.futures
-import io
 import json
 import os
 import signal
@@ -21,17 +22,13 @@ from PIL import Image
 from psanet import Segmenter
 from conftest import (MINI_CONFIG, MINI_PSANET_RTOL, ROOT, assert_logits_agree, finish, read_text,
                       run_process)
-from serve_helpers import SERVE_SCRIPT, running_server
+from serve_helpers import (SERVE_SCRIPT, assert_refused, make_image, png_labels, post_image,
+                           running_server, triton_image)
 
 MAX_BODY, MAX_PIXELS = 3_000_000, 700_000
 # width, height: two of one size, another size, one with a resize-free odd size.
 SIZES = [(96, 64), (96, 64), (128, 64), (75, 41)]
 BIG = (480, 320)  # under MAX_PIXELS; its run takes long enough to fill the queue
-
-
-def _image(rng, size):
-    small = rng.randint(0, 256, (4, 6, 3)).astype('uint8')
-    return cv2.resize(small, size, interpolation=cv2.INTER_CUBIC)
 
 
 @pytest.fixture(scope='module')
@@ -42,16 +39,16 @@ def images(tmp_path_factory):
     paths = []
     for i, size in enumerate(SIZES):
         paths.append(str(root / f'image{i}.png'))
-        cv2.imwrite(paths[-1], _image(rng, size))
+        cv2.imwrite(paths[-1], make_image(rng, size))
     paths.append(str(root / 'photo.jpg'))
-    cv2.imwrite(paths[-1], _image(rng, (96, 64)), [cv2.IMWRITE_JPEG_QUALITY, 90])
+    cv2.imwrite(paths[-1], make_image(rng, (96, 64)), [cv2.IMWRITE_JPEG_QUALITY, 90])
     paths.append(str(root / 'grey.png'))
-    cv2.imwrite(paths[-1], cv2.cvtColor(_image(rng, (64, 48)), cv2.COLOR_BGR2GRAY))
+    cv2.imwrite(paths[-1], cv2.cvtColor(make_image(rng, (64, 48)), cv2.COLOR_BGR2GRAY))
     paths.append(str(root / 'rgba.png'))
-    Image.fromarray(np.dstack([_image(rng, (64, 48)), np.full((48, 64), 200, np.uint8)]),
+    Image.fromarray(np.dstack([make_image(rng, (64, 48)), np.full((48, 64), 200, np.uint8)]),
                     'RGBA').save(paths[-1])
     big = str(root / 'big.png')
-    cv2.imwrite(big, _image(rng, BIG))
+    cv2.imwrite(big, make_image(rng, BIG))
     return paths, big
 
 
@@ -63,20 +60,6 @@ def export_server(mini_export, tmp_path_factory):
                          '--max_body_bytes', MAX_BODY, '--max_pixels', MAX_PIXELS], log) as (
             process, url):
         yield process, url, str(log)
-
-
-def _post(url, path, content_type='image/png', **params):
-    with open(path, 'rb') as f:
-        return httpx.post(f'{url}/v1/segment', content=f.read(), params=params, timeout=120,
-                          headers={'Content-Type': content_type})
-
-
-def _png_labels(response):
-    assert response.status_code == 200, response.text
-    assert response.headers['content-type'] == 'image/png'
-    with Image.open(io.BytesIO(response.content)) as png:
-        assert png.mode == 'P'
-        return np.asarray(png), png.getpalette()
 
 
 def _cityscapes_palette():
@@ -91,14 +74,14 @@ def test_the_class_maps_are_the_segmenters_byte_for_byte(export_server, mini_exp
     for path in paths:
         want = seg(path)
         content_type = 'image/jpeg' if path.endswith('.jpg') else 'image/png'
-        labels, palette = _png_labels(_post(url, path, content_type))
+        labels, palette = png_labels(post_image(url, path, content_type))
         assert labels.dtype == np.uint8 and labels.shape == want.shape, path
         assert np.array_equal(labels, want), path
         assert [palette[3 * i:3 * i + 3] for i in range(19)] == _cityscapes_palette()
         with open(path, 'rb') as f:  # multipart, as curl -F image=@file sends it
             multipart = httpx.post(f'{url}/v1/segment', files={'image': f}, timeout=120)
-        assert np.array_equal(_png_labels(multipart)[0], want), path
-        answer = _post(url, path, 'application/octet-stream', format='json').json()
+        assert np.array_equal(png_labels(multipart)[0], want), path
+        answer = post_image(url, path, 'application/octet-stream', format='json').json()
         assert answer['shape'] == list(want.shape)
         assert np.array_equal(np.array(answer['class_ids'], np.uint8), want), path
         ids, counts = np.unique(want, return_counts=True)
@@ -121,16 +104,6 @@ def test_get_says_the_classes_palette_contract_health_and_schema(export_server, 
     schema = httpx.get(f'{url}/openapi.json').json()
     assert {'/v1/segment', '/v1/model', '/health', '/ready'} <= set(schema['paths'])
     assert 'image/png' in schema['paths']['/v1/segment']['post']['requestBody']['content']
-
-
-def _assert_refused(response, status, *words):
-    assert response.status_code == status, (response.status_code, response.text)
-    assert response.headers['content-type'] == 'application/json'
-    assert '\n' not in response.text and 'Traceback' not in response.text
-    message = response.json()['error']
-    for word in words:
-        assert word in message, message
-    return message
 
 
 def _raw_request(url, head, body=b''):
@@ -159,33 +132,33 @@ def test_bad_requests_get_one_line_4xx_and_the_next_is_served(export_server, ima
     segment = f'{url}/v1/segment'
     post = lambda data, kind='image/png', **kw: httpx.post(  # noqa: E731
         segment, content=data, headers={'Content-Type': kind} if kind else {}, timeout=60, **kw)
-    _assert_refused(post(b'plain text, not pixels'), 400, 'not an image')
-    _assert_refused(post(png[:len(png) // 2]), 400, 'truncated')
-    _assert_refused(post(jpeg[:len(jpeg) // 2], 'image/jpeg'), 400, 'truncated')
-    _assert_refused(post(png, 'application/json'), 415, 'application/json', 'image/png')
-    _assert_refused(post(png, None), 415, 'Content-Type')
-    _assert_refused(post(b''), 400, 'empty')
-    _assert_refused(httpx.post(segment, files={'picture': png}, timeout=60), 400, '"image"')
-    _assert_refused(post(png, params={'format': 'xml'}), 400, 'format=json')
-    _assert_refused(post(b'\0' * (MAX_BODY + 1)), 413, str(MAX_BODY), '--max_body_bytes')
+    assert_refused(post(b'plain text, not pixels'), 400, 'not an image')
+    assert_refused(post(png[:len(png) // 2]), 400, 'truncated')
+    assert_refused(post(jpeg[:len(jpeg) // 2], 'image/jpeg'), 400, 'truncated')
+    assert_refused(post(png, 'application/json'), 415, 'application/json', 'image/png')
+    assert_refused(post(png, None), 415, 'Content-Type')
+    assert_refused(post(b''), 400, 'empty')
+    assert_refused(httpx.post(segment, files={'picture': png}, timeout=60), 400, '"image"')
+    assert_refused(post(png, params={'format': 'xml'}), 400, 'format=json')
+    assert_refused(post(b'\0' * (MAX_BODY + 1)), 413, str(MAX_BODY), '--max_body_bytes')
     chunks = iter([b'\0' * 1_000_000] * 4)  # chunked: no Content-Length to refuse it by
-    _assert_refused(post(chunks), 413, str(MAX_BODY))
+    assert_refused(post(chunks), 413, str(MAX_BODY))
     wide = tmp_path / 'wide.png'
     cv2.imwrite(str(wide), np.zeros((800, 1000, 3), np.uint8))  # 800000 pixels, small file
-    _assert_refused(_post(url, wide), 413, '1000x800', str(MAX_PIXELS), '--max_pixels')
-    _assert_refused(httpx.get(f'{url}/nothing'), 404)
-    _assert_refused(httpx.post(f'{url}/v1/explore', content=png,
+    assert_refused(post_image(url, wide), 413, '1000x800', str(MAX_PIXELS), '--max_pixels')
+    assert_refused(httpx.get(f'{url}/nothing'), 404)
+    assert_refused(httpx.post(f'{url}/v1/explore', content=png,
                                headers={'Content-Type': 'image/png'}), 409, '--model_path')
     # Clients that hang up: half a body, and a whole request whose answer nobody reads.
     _raw_request(url, f'POST /v1/segment HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n'
                       f'Content-Length: {len(png)}', png[:100]).close()
     _raw_request(url, f'POST /v1/segment HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n'
                       f'Content-Length: {len(png)}', png).close()
-    want = _png_labels(_post(url, paths[0]))[0]
+    want = png_labels(post_image(url, paths[0]))[0]
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        answers = list(pool.map(lambda _: _post(url, paths[0]), range(2)))
+        answers = list(pool.map(lambda _: post_image(url, paths[0]), range(2)))
     for answer in answers:
-        assert np.array_equal(_png_labels(answer)[0], want)
+        assert np.array_equal(png_labels(answer)[0], want)
     assert process.poll() is None
     assert 'Traceback' not in read_text(log)
 
@@ -240,20 +213,11 @@ def test_a_full_queue_answers_503_with_retry_after(export_server, images):
     assert refused and len(refused) + len(served) == len(answers), [a.status_code
                                                                     for a in answers]
     for answer in refused:
-        _assert_refused(answer, 503, '--max_queue')
+        assert_refused(answer, 503, '--max_queue')
         assert answer.headers['retry-after'] == '1'
-    labels = [_png_labels(a)[0] for a in served]
+    labels = [png_labels(a)[0] for a in served]
     assert all(np.array_equal(label, labels[0]) for label in labels)
-    assert _post(url, paths[0]).status_code == 200
-
-
-@pytest.mark.parametrize('waiting', range(0, 20))
-def test_a_group_runs_in_powers_of_two_longest_first_in_order(waiting):
-    from psanet.serve.batcher import power_of_two_runs
-    runs = power_of_two_runs(list(range(waiting)))
-    bits = [1 << b for b in reversed(range(waiting.bit_length())) if waiting >> b & 1]
-    assert [len(run) for run in runs] == bits
-    assert [item for run in runs for item in run] == list(range(waiting))
+    assert post_image(url, paths[0]).status_code == 200
 
 
 def test_concurrent_requests_of_one_size_share_runs(mini_model_server, images):
@@ -271,7 +235,7 @@ def test_concurrent_requests_of_one_size_share_runs(mini_model_server, images):
     assert all(n & (n - 1) == 0 for n, runs in shared.items() if runs), shared  # 1, 2, 4, 8
     assert max(int(a.headers['x-batch-size']) for a in answers) > 1
     for path, answer in zip(batch, answers):  # a batch adds its sums in another order
-        assert_logits_agree(_png_labels(answer)[0], dygraph_logits(model, path),
+        assert_logits_agree(png_labels(answer)[0], dygraph_logits(model, path),
                             MINI_PSANET_RTOL, path, class_axis=0)
 
 
@@ -282,7 +246,7 @@ def test_the_model_server_answers_as_the_dygraph_segmenter(mini_model_server, mi
     seg = Segmenter.from_config(MINI_CONFIG, mini_weights, backend='dygraph')
     for path in paths[2:5]:
         content_type = 'image/jpeg' if path.endswith('.jpg') else 'image/png'
-        assert np.array_equal(_png_labels(_post(url, path, content_type))[0], seg(path)), path
+        assert np.array_equal(png_labels(post_image(url, path, content_type))[0], seg(path)), path
     assert httpx.get(f'{url}/v1/model').json()['explorer'] is True
 
 
@@ -301,7 +265,7 @@ def test_sigterm_answers_every_accepted_request_and_exits_0(mini_export, images,
             time.sleep(0.02)  # until every request is read by the server: accepted
         process.send_signal(signal.SIGTERM)
         for answer, path in zip(_answers(sockets), sizes):
-            assert np.array_equal(_png_labels(answer)[0], seg(path)), path
+            assert np.array_equal(png_labels(answer)[0], seg(path)), path
         finish(process, timeout=60)
         assert process.returncode == 0, read_text(tmp_path / 'serve.log')
     with pytest.raises(httpx.TransportError):
@@ -312,7 +276,8 @@ def test_sigterm_answers_every_accepted_request_and_exits_0(mini_export, images,
 @pytest.mark.parametrize('flags, words', [
     (['--config', 'no/such/deploy.yaml'], ['no/such/deploy.yaml', 'does not exist']),
     (['--config', MINI_CONFIG], ['training config', '--model_path']),
-    (['--config', MINI_CONFIG, '--max_batch', '0'], ['--max_batch must be >= 1']),
+    (['--config', MINI_CONFIG, '--max_batch', '0'], ['--max_batch must be a number of requests '
+                                                     'from 1 to 1024, got 0']),
 ])
 def test_a_wrong_start_is_one_error_line_and_exit_2(flags, words):
     done = run_process([sys.executable, SERVE_SCRIPT, *flags], cwd=ROOT, capture_output=True,
@@ -322,6 +287,120 @@ def test_a_wrong_start_is_one_error_line_and_exit_2(flags, words):
     assert len(lines) == 1 and 'Traceback' not in done.stderr, done.stderr
     for word in words:
         assert word in lines[0]
+
+
+def _triton(url):
+    import tritonclient.http as triton
+    return triton, triton.InferenceServerClient(url.split('//')[1], network_timeout=120)
+
+
+@pytest.fixture(scope='module')
+def export_seg(mini_export):
+    """The Segmenter of the export the export server runs, run as it runs it."""
+    return Segmenter.from_export(mini_export, backend='paddle', cpu_threads=1)
+
+
+def test_the_open_inference_protocol_answers_as_the_segmenter(export_server, export_seg,
+                                                              images):
+    _, url, _ = export_server
+    paths, _ = images
+    triton, client = _triton(url)
+    seg = export_seg
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready('psanet') and client.is_model_ready('psanet', '1')
+    assert not client.is_model_ready('other')
+    server = client.get_server_metadata()
+    assert server['name'] == 'psanet' and 'binary_tensor_data' in server['extensions']
+    for version in ('', '1'):
+        meta = client.get_model_metadata('psanet', version)
+        assert meta['name'] == 'psanet' and meta['platform'] == 'paddle'
+        assert meta['inputs'] == [{'name': 'image', 'datatype': 'UINT8', 'shape': [-1, -1, 3]},
+                                  {'name': 'image_file', 'datatype': 'BYTES', 'shape': [1]}]
+        assert meta['outputs'] == [{'name': 'class_map', 'datatype': 'INT32',
+                                    'shape': [-1, -1]}]
+    for path in paths[:5]:  # four PNGs and a JPEG: as cv2.imread reads them
+        image, want = cv2.imread(path), seg(path)
+        for binary in (True, False):  # the binary tensor data extension, and JSON
+            out = triton.InferRequestedOutput('class_map', binary_data=binary)
+            result = client.infer('psanet', [triton_image(triton, image, binary)],
+                                  outputs=[out], request_id='r1')
+            label = result.as_numpy('class_map')
+            assert label.dtype == np.int32 and np.array_equal(label, want), (path, binary)
+            assert result.get_response()['id'] == 'r1'
+        batch = client.infer('psanet', [triton_image(triton, image, batch=True)],
+                             model_version='1').as_numpy('class_map')
+        assert batch.shape == (1, *want.shape) and np.array_equal(batch[0], want)
+        with open(path, 'rb') as f:
+            file = triton.InferInput('image_file', [1], 'BYTES')
+            file.set_data_from_numpy(np.array([f.read()], dtype=np.object_))
+        assert np.array_equal(client.infer('psanet', [file]).as_numpy('class_map'), want)
+
+
+@pytest.mark.parametrize('case, status, words', [
+    ('unknown model', '404', ['unknown model', "'psanet'"]),
+    ('unknown version', '404', ['version 1 only']),
+    ('unknown input', '400', ['unknown input', '"image"']),
+    ('float input', '400', ["is UINT8, not 'FP32'"]),
+    ('four channels', '400', ['[H, W, 3]']),
+    ('two inputs', '400', ['one input']),
+    ('unknown output', '400', ['unknown output', 'class_map']),
+])
+def test_a_wrong_inference_request_is_a_4xx_the_client_reads(export_server, images, case,
+                                                              status, words):
+    _, url, _ = export_server
+    triton, client = _triton(url)
+    image = cv2.imread(images[0][0])
+    tensor = triton_image(triton, image)
+    model, version, inputs, outputs = 'psanet', '', [tensor], None
+    if case == 'unknown model':
+        model = 'psa'
+    elif case == 'unknown version':
+        version = '2'
+    elif case == 'unknown input':
+        inputs = [triton.InferInput('picture', list(image.shape), 'UINT8')]
+        inputs[0].set_data_from_numpy(image)
+    elif case == 'float input':
+        inputs = [triton.InferInput('image', list(image.shape), 'FP32')]
+        inputs[0].set_data_from_numpy(image.astype(np.float32))
+    elif case == 'four channels':
+        inputs = [triton_image(triton, np.dstack([image, image[:, :, :1]]))]
+    elif case == 'two inputs':
+        inputs = [tensor, triton_image(triton, image)]
+    elif case == 'unknown output':
+        outputs = [triton.InferRequestedOutput('logits')]
+    with pytest.raises(triton.InferenceServerException) as refused:
+        client.infer(model, inputs, model_version=version, outputs=outputs)
+    assert refused.value.status() == status, refused.value
+    for word in words:
+        assert word in refused.value.message()
+
+
+def _runs_and_timeouts(url):
+    from prometheus_client.parser import text_string_to_metric_families
+    samples = {s.name: s.value for f in text_string_to_metric_families(
+        httpx.get(f'{url}/metrics', timeout=30).text) for s in f.samples}
+    return samples['psanet_model_run_seconds_count'], samples['psanet_timed_out_total']
+
+
+def test_a_deadline_on_the_real_model_504s_what_cannot_begin_in_time(export_server, images,
+                                                                     export_seg):
+    _, url, _ = export_server
+    paths, _ = images
+    triton, client = _triton(url)
+    seg = export_seg
+    runs, timeouts = _runs_and_timeouts(url)
+    assert_refused(post_image(url, paths[0], headers={'X-Request-Timeout-S': '0.000001'}), 504,
+                   'did not run')
+    with pytest.raises(triton.InferenceServerException) as late:
+        client.infer('psanet', [triton_image(triton, cv2.imread(paths[1]))], timeout=1)
+    assert late.value.status() == '504'
+    assert _runs_and_timeouts(url) == (runs, timeouts + 2)  # neither ran
+    answer = post_image(url, paths[0], headers={'X-Request-Timeout-S': '600'})
+    assert np.array_equal(png_labels(answer)[0], seg(paths[0]))
+    label = client.infer('psanet', [triton_image(triton, cv2.imread(paths[1]))],
+                         timeout=600_000_000).as_numpy('class_map')
+    assert np.array_equal(label, seg(paths[1]))
+    assert _runs_and_timeouts(url) == (runs + 2, timeouts + 2)
 
 
 @pytest.fixture(scope='module')
@@ -337,7 +416,7 @@ def onnx_export(mini_weights, tmp_path_factory):
     calib.mkdir()
     rng = np.random.RandomState(3)
     for i in range(3):
-        cv2.imwrite(str(calib / f'{i}.png'), _image(rng, (96, 64)))
+        cv2.imwrite(str(calib / f'{i}.png'), make_image(rng, (96, 64)))
     return export_from_config(MINI_CONFIG, mini_weights, str(root / 'export'),
                               output_op='none', psa_impl='paddle', onnx=True,
                               quantize='int8', calib_images=str(calib), calib_num=3)
@@ -358,4 +437,4 @@ def test_an_onnx_export_is_served_in_its_backend_as_the_segmenter_runs_it(
         model = httpx.get(f'{url}/v1/model').json()
         assert model['backend'] == backend
         for path in paths[:3]:
-            assert np.array_equal(_png_labels(_post(url, path))[0], seg(path)), path
+            assert np.array_equal(png_labels(post_image(url, path))[0], seg(path)), path

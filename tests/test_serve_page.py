@@ -1,8 +1,10 @@
 """The attention explorer page in a real browser (Debian's Chromium, driven by Playwright's
 Python client): an image uploaded, the prediction drawn over it, two pixels clicked, and the
 collect and distribute maps read back from the canvases against the maps this test computes
-from its own dygraph model (capture_attention + point_maps); over an export the page says it
-needs the model."""
+from its own dygraph model (capture_attention + point_maps); nothing of the figures shown before
+an upload; over an export the page says it needs the model; behind a bearer token it takes the
+token from its address. The explorer's store keeps exactly its capacity of images and bytes and
+evicts the least recently used."""
 import importlib.util
 import os
 import tempfile
@@ -25,7 +27,7 @@ SIZE = (160, 96)  # width, height: a 10 x 6 attention map
 
 def _browser_missing():
     if importlib.util.find_spec('playwright') is None:
-        return 'playwright is not installed (pip install -r requirements-serve.txt)'
+        return 'playwright is not installed (pip install -r requirements-dev.txt)'
     if not os.access(CHROMIUM, os.X_OK):
         return f'no browser at {CHROMIUM} (apt-get install chromium)'
     return ''
@@ -114,6 +116,12 @@ def _canvas_rgb(page, selector):
     return rgba[..., :3]
 
 
+def _assert_no_figures(page):
+    """Before an upload: no prediction box, no maps on the page."""
+    assert page.locator('#figures').bounding_box() is None
+    assert not page.is_visible('#prediction') and not page.is_visible('#legend')
+
+
 def _click_pixel(page, x, y):
     box = page.locator('#prediction').bounding_box()
     page.mouse.click(box['x'] + (x + 0.5) * box['width'] / SIZE[0],
@@ -131,6 +139,7 @@ def test_the_page_shows_the_prediction_and_each_clicked_pixels_maps(browser, min
     page = browser.new_page()
     page.goto(f'{url}/explorer/')
     page.wait_for_function('document.body.dataset.state === "ready"')
+    _assert_no_figures(page)
     page.set_input_files('#file', image_path)
     page.wait_for_function('document.body.dataset.state === "predicted"')
     palette = np.array(page.evaluate('window.explorer.model.palette'), np.int64)
@@ -174,20 +183,74 @@ def test_over_an_export_the_page_says_it_needs_the_model(browser, mini_export, t
         note = page.inner_text('#unavailable')
         assert 'needs the model' in note and '--model_path' in note
         assert page.is_disabled('#file')
+        _assert_no_figures(page)
         page.close()
 
 
-def test_the_explorer_keeps_its_maps_within_its_bytes(mini_weights, image_path):
-    from psanet.serve.explore import ExploredImages
+def test_behind_a_token_the_page_takes_it_from_its_address(browser, mini_weights, image_path,
+                                                            tmp_path):
+    token = tmp_path / 'token'
+    token.write_text('page-token')
+    label = Segmenter.from_config(MINI_CONFIG, mini_weights, backend='dygraph')(image_path)
+    with running_server(['--config', MINI_CONFIG, '--model_path', mini_weights,
+                         '--auth_token_file', token], tmp_path / 'serve.log') as (_, url):
+        page = browser.new_page()
+        page.goto(f'{url}/explorer/')
+        page.wait_for_function('document.body.dataset.state === "unauthorized"')
+        note = page.inner_text('#unavailable')
+        assert 'needs its token' in note and '#token=' in note and 'no token' in note
+        _assert_no_figures(page)
+        page.goto(f'{url}/explorer/#token=page-token')
+        page.reload()
+        page.wait_for_function('document.body.dataset.state === "ready"')
+        page.set_input_files('#file', image_path)
+        page.wait_for_function('document.body.dataset.state === "predicted"')
+        palette = np.array(page.evaluate('window.explorer.model.palette'), np.int64)
+        assert np.array_equal(_canvas_rgb(page, '#label'), palette[label])
+        _click_pixel(page, 20, 30)
+        page.close()
+
+
+@pytest.fixture(scope='module')
+def attention(mini_weights, image_path):
+    """``(model, add)``: ``add(kept)`` keeps this test's forward in an ExploredImages and
+    returns its id; and the bytes of one image's maps."""
     model, image, x, records = _attention(image_path, mini_weights)
-    one = sum(record.attention.nbytes for record in records)
     label = np.zeros(image.shape[:2], np.uint8)
-    add = lambda kept: kept.add(image.shape[:2], x, ([], image.shape[:2]), records,  # noqa
-                                label)['id']
+
+    def add(kept):
+        return kept.add(image.shape[:2], x, ([], image.shape[:2]), records, label)['id']
+    return model, add, sum(record.attention.nbytes for record in records)
+
+
+def _kept(explored, ids):
+    kept = []
+    for image_id in ids:
+        try:
+            kept.append(bool(explored.point(image_id, 0, 0)['maps']))
+        except KeyError:
+            kept.append(False)
+    return kept
+
+
+def test_the_explorer_keeps_its_maps_within_its_bytes(attention):
+    from psanet.serve.explore import ExploredImages
+    model, add, one = attention
     kept = ExploredImages(model, capacity=8, max_bytes=2 * one)
     ids = [add(kept) for _ in range(3)]
-    with pytest.raises(KeyError):  # the oldest went: two fit
-        kept.point(ids[0], 0, 0)
-    assert all(kept.point(i, 0, 0)['maps'] for i in ids[1:])
+    assert _kept(kept, ids) == [False, True, True]  # the oldest went: two fit, exactly
+    alone = ExploredImages(model, max_bytes=one)  # one image's maps exactly at the limit
+    assert _kept(alone, [add(alone)]) == [True]
     with pytest.raises(OverflowError, match='over the explorer'):
         add(ExploredImages(model, max_bytes=one - 1))
+
+
+def test_the_explorer_keeps_its_capacity_and_evicts_the_least_recently_used(attention):
+    from psanet.serve.explore import ExploredImages
+    model, add, _ = attention
+    kept = ExploredImages(model, capacity=3)
+    ids = [add(kept) for _ in range(3)]
+    assert _kept(kept, ids) == [True, True, True]  # all of its capacity
+    kept.point(ids[0], 1, 1)  # the first is now the most recently used
+    ids.append(add(kept))
+    assert _kept(kept, ids) == [True, False, True, True]  # the second went

@@ -5,6 +5,7 @@ the export; from a training config and weights it runs the dygraph model, whose
 attention the explorer page reads (:mod:`psanet.serve.explore`).
 """
 import dataclasses
+import hashlib
 import os
 
 import yaml
@@ -12,7 +13,8 @@ import yaml
 from psanet.contract import DEPLOY_FILE, DEPLOY_SECTION, color_map, palette_for
 from psanet.errors import ConfigError
 
-__all__ = ['ServedModel', 'is_export', 'load_served_model']
+__all__ = ['ServedModel', 'check_config', 'config_kind', 'export_hash', 'weights_hash',
+           'load_served_model', 'warmup_shape']
 
 
 @dataclasses.dataclass
@@ -26,6 +28,8 @@ class ServedModel:
         names (list): class names.
         colors (list): the flat [r, g, b, ...] palette of 256 colours.
         model (paddle.nn.Layer | None): the dygraph model (the explorer's), None for an export.
+        digest (str): which weights: ``export_hash`` of an export, ``weights_hash`` of a
+            checkpoint's model.
     """
     segmenter: object
     source: str
@@ -33,13 +37,15 @@ class ServedModel:
     names: list
     colors: list
     model: object = None
+    digest: str = ''
 
     def describe(self, limits):
         """``GET /v1/model``: the classes, palette and input contract."""
         seg = self.segmenter
         palette = [self.colors[3 * i:3 * i + 3] for i in range(self.num_classes or 256)]
         return {
-            'source': self.source, 'backend': seg.backend, 'num_classes': self.num_classes,
+            'source': self.source, 'backend': seg.backend, 'digest': self.digest,
+            'num_classes': self.num_classes,
             'classes': [{'id': i, 'name': name, 'color': palette[i]}
                         for i, name in enumerate(self.names)],
             'palette': palette,
@@ -56,16 +62,71 @@ class ServedModel:
         }
 
 
-def is_export(config):
-    """Whether ``config`` is an export's deploy.yaml (or its folder), not a training config."""
+def config_kind(config):
+    """'export' for an export's deploy.yaml (or its folder), 'training' for a training config;
+    a ConfigError naming what else the file is (missing, empty, not text, broken YAML)."""
+    flag = f'--config {config}'
+    want = "pass an export's deploy.yaml (or its folder), or a training config with --model_path"
     if os.path.isdir(config):
-        return True
+        if os.path.isfile(os.path.join(config, DEPLOY_FILE)):
+            return 'export'
+        raise ConfigError(f'{flag} is a folder without a {DEPLOY_FILE}: {want}.')
+    if not os.path.exists(config):
+        raise ConfigError(f'{flag} does not exist (cwd {os.getcwd()}): {want}.')
     try:
         with open(config, 'rb') as f:
-            dic = yaml.safe_load(f)
-    except (OSError, yaml.YAMLError, UnicodeDecodeError):
-        return os.path.basename(config) == DEPLOY_FILE  # let the loader name the problem
-    return isinstance(dic, dict) and DEPLOY_SECTION in dic
+            data = f.read()
+    except OSError as error:
+        raise ConfigError(f'{flag} cannot be read ({error.strerror}).') from None
+    if not data.strip():
+        raise ConfigError(f'{flag} is empty: {want}.')
+    try:
+        dic = yaml.safe_load(data.decode('utf-8'))
+    except UnicodeDecodeError as error:
+        raise ConfigError(f'{flag} is not text (byte {error.start} is not UTF-8; a binary '
+                          f'file?): {want}.') from None
+    except yaml.YAMLError as error:
+        mark = getattr(error, 'problem_mark', None)
+        where = f' at line {mark.line + 1}, column {mark.column + 1}' if mark else ''
+        problem = getattr(error, 'problem', None) or type(error).__name__
+        raise ConfigError(f'{flag} is not valid YAML ({problem}{where}): fix it, or {want}.') \
+            from None
+    if isinstance(dic, dict) and DEPLOY_SECTION in dic:
+        return 'export'
+    if isinstance(dic, dict) and ('model' in dic or '_base_' in dic):
+        return 'training'
+    held = f'keys {sorted(map(str, dic))[:5]}' if isinstance(dic, dict) else \
+        f'a {type(dic).__name__}'
+    raise ConfigError(f'{flag} is neither an export\'s deploy.yaml (a {DEPLOY_SECTION}: section) '
+                      f'nor a training config (model: or _base_:); it holds {held}: {want}.')
+
+
+def _sha256(chunks):
+    digest = hashlib.sha256()
+    for chunk in chunks:
+        digest.update(chunk)
+    return digest.hexdigest()[:16]
+
+
+def _file_chunks(paths):
+    for path in paths:
+        with open(path, 'rb') as f:
+            yield from iter(lambda: f.read(1 << 20), b'')
+
+
+def export_hash(deploy):
+    """Which export a server runs, for /metrics: the first 16 hex digits of the SHA-256 of
+    deploy.yaml and the files it names (graph, parameters, ONNX models), one after another."""
+    names = [deploy.path] + [getattr(deploy, key) for key in ('model', 'params', 'onnx',
+                                                               'onnx_int8')]
+    return _sha256(_file_chunks(p for p in names if p is not None and os.path.isfile(p)))
+
+
+def weights_hash(model):
+    """Which weights a checkpoint's model holds: the SHA-256 (16 hex digits) of its parameters'
+    bytes in the order of their names."""
+    state = model.state_dict()
+    return _sha256(state[name].numpy().tobytes() for name in sorted(state))
 
 
 def load_served_model(config, model_path=None, backend=None, device=None, int8=False,
@@ -73,30 +134,18 @@ def load_served_model(config, model_path=None, backend=None, device=None, int8=F
     """The :class:`ServedModel` of an export (``config`` a deploy.yaml) or a checkpoint
     (``config`` a training config with ``model_path``); ``device`` None is the API's default
     for the route (the CPU for an export, the GPU when Paddle sees one for a checkpoint)."""
+    kind = check_config(config, model_path, backend, int8, cpu_threads)
     on_device = {} if device is None else {'device': device}
     from psanet.api import Segmenter
     from psanet.visualize.charts import class_names
-    if not os.path.exists(config):
-        raise ConfigError(f'--config {config} does not exist (cwd {os.getcwd()}): pass an '
-                          "export's deploy.yaml, or a training config with --model_path.")
-    if is_export(config):
-        if model_path is not None:
-            raise ConfigError(f'--config {config} is an export (deploy.yaml), which holds its '
-                              'weights: leave out --model_path, or pass the training config.')
+    if kind == 'export':
         seg = Segmenter.from_export(config, backend=backend, int8=int8, cpu_threads=cpu_threads,
                                     **on_device)
         cityscapes = seg.deploy.palette == 'cityscapes'
         num_classes, model, source = seg.deploy.num_classes, None, seg.deploy.path
         dataset = None if cityscapes else object
+        digest = export_hash(seg.deploy)
     else:
-        if model_path is None:
-            raise ConfigError(f'--config {config} is a training config: give its weights with '
-                              '--model_path, or pass an export\'s deploy.yaml.')
-        if backend is not None or int8 or cpu_threads is not None:
-            raise ConfigError('--backend, --int8 and --cpu_threads choose how an export runs; a '
-                              'training config runs as the dygraph model (export it with '
-                              'export.py to '
-                              'serve it in a backend).')
         from psanet.core.config import ComponentBuilder, load_config
         seg = Segmenter.from_config(config, model_path, backend='dygraph', **on_device)
         cfg = load_config(config)
@@ -104,6 +153,43 @@ def load_served_model(config, model_path=None, backend=None, device=None, int8=F
         cityscapes = palette_for(dataset) == 'cityscapes'
         model, source = seg.runner.model, f'{config} + {model_path}'
         num_classes = int(model.num_classes)
+        digest = weights_hash(model)
     names = class_names(num_classes, dataset) if num_classes else []
     return ServedModel(seg, source, num_classes, names,
-                       color_map(num_classes, cityscapes=cityscapes), model)
+                       color_map(num_classes, cityscapes=cityscapes), model, digest)
+
+
+def check_config(config, model_path=None, backend=None, int8=False, cpu_threads=None):
+    """``config_kind(config)``, with the flags that go with that kind (nothing loaded)."""
+    kind = config_kind(config)
+    if kind == 'export' and model_path is not None:
+        raise ConfigError(f'--config {config} is an export (deploy.yaml), which holds its '
+                          'weights: leave out --model_path, or pass the training config.')
+    if kind == 'training' and model_path is None:
+        raise ConfigError(f'--config {config} is a training config: give its weights with '
+                          '--model_path, or pass an export\'s deploy.yaml.')
+    if kind == 'training' and (backend is not None or int8 or cpu_threads is not None):
+        raise ConfigError('--backend, --int8 and --cpu_threads choose how an export runs; a '
+                          'training config runs as the dygraph model (export it with export.py '
+                          'to serve it in a backend).')
+    return kind
+
+
+def warmup_shape(segmenter, size=None):
+    """The ``[3, H, W]`` input the model meets for images of ``size`` (width, height), or, for
+    None, the one every image meets: an export's fixed input shape, or what the transforms make
+    of any image (e.g. a Resize); None when the model takes each image at its own size."""
+    import numpy as np
+    rng = np.random.RandomState(0)
+
+    def shape_of(width, height):
+        image = rng.randint(0, 256, (height, width, 3)).astype('uint8')
+        return tuple(segmenter.preprocess([image], ['the warm-up image'])[0].shape[1:])
+
+    if size is not None:
+        return shape_of(*size)
+    deploy = segmenter.deploy
+    if deploy is not None and min(deploy.input_shape[2:]) > 0:
+        return (3, *deploy.input_shape[2:])
+    first, second = shape_of(61, 37), shape_of(90, 50)
+    return first if first == second else None

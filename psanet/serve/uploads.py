@@ -1,4 +1,5 @@
-"""A request's image, read within the server's limits, or a :class:`RequestError`.
+"""A request's image (and its timeout), read within the server's limits, or a
+:class:`RequestError`.
 
 The body is raw image bytes (``Content-Type: image/...`` or
 ``application/octet-stream``) or ``multipart/form-data`` with a file field
@@ -9,13 +10,13 @@ end and no error); OpenCV then decodes it as ``cv2.imread`` does, so an answer
 equals ``Segmenter(path)``'s.
 """
 import io
+import math
 
 import cv2
 import numpy as np
 from PIL import Image, UnidentifiedImageError
-from starlette.requests import ClientDisconnect, Request
 
-__all__ = ['RequestError', 'read_image_bytes', 'decode_image']
+__all__ = ['RequestError', 'read_body', 'read_image_bytes', 'decode_image', 'parse_timeout']
 
 RAW_TYPES = ('application/octet-stream',)
 FIELD = 'image'
@@ -33,7 +34,9 @@ def _content_type(request):
     return request.headers.get('content-type', '').split(';')[0].strip().lower()
 
 
-async def _read_body(request, max_bytes):
+async def read_body(request, max_bytes):
+    """The whole body, refused (413) once it is over ``max_bytes``."""
+    from starlette.requests import ClientDisconnect
     too_large = RequestError(413, f'the request body is over the limit of {max_bytes} bytes '
                                   '(--max_body_bytes): send a smaller image.')
     length = request.headers.get('content-length')
@@ -60,7 +63,7 @@ async def read_image_bytes(request, max_bytes):
                                 'image file as the body with its type (image/png, image/jpeg, '
                                 f'application/octet-stream), or as multipart/form-data field '
                                 f'"{FIELD}".')
-    body = await _read_body(request, max_bytes)
+    body = await read_body(request, max_bytes)
     if not raw:
         body = await _multipart_image(request, body, max_bytes)
     if not body:
@@ -70,6 +73,8 @@ async def read_image_bytes(request, max_bytes):
 
 
 async def _multipart_image(request, body, max_bytes):
+    from starlette.requests import Request
+
     async def replay():
         return {'type': 'http.request', 'body': body, 'more_body': False}
 
@@ -115,3 +120,15 @@ def decode_image(data, max_pixels):
         raise RequestError(400, 'OpenCV cannot decode this image: send a PNG, JPEG or BMP.')
     return image
 
+
+def parse_timeout(value, where, scale=1.0):
+    """Seconds from a request's timeout ``value`` (``scale`` seconds a unit), or a 400."""
+    try:
+        seconds = float(value) * scale
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if isinstance(value, bool) or not (math.isfinite(seconds) and 0 < seconds <= 86_400):
+        raise RequestError(400, f'{where} must be a positive number of '
+                                f'{"seconds" if scale == 1 else "microseconds"} (at most a day), '
+                                f'got {value!r}.')
+    return seconds

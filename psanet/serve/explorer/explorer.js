@@ -1,7 +1,8 @@
 // The attention explorer: an image in, the prediction over it, and for a clicked pixel p the
 // map each PSA branch predicts at p (collect: where p gathers from; distribute: where p sends
 // to) over the image, in JET from blue (the map's min) to red (its max). Talks to the server
-// that serves this page: GET /v1/model, POST /v1/explore, GET /v1/explore/{id}?x=&y=.
+// that serves this page: GET /v1/model, POST /v1/explore, GET /v1/explore/{id}?x=&y=. A
+// server with --auth_token_file takes its token from the address: /explorer/#token=<token>.
 'use strict';
 
 const TITLES = {collect: 'collect: where p gathers from',
@@ -11,6 +12,14 @@ const state = {model: null, image: null, point: null, maps: null, scale: 1};
 window.explorer = state;  // read by tests/test_serve_page.py
 
 const $ = (selector) => document.querySelector(selector);
+const TOKEN = new URLSearchParams(location.hash.slice(1)).get('token');
+
+// fetch with the bearer token of the page's address, if any.
+function request(url, options = {}) {
+  const headers = {...(options.headers || {})};
+  if (TOKEN) headers.Authorization = `Bearer ${TOKEN}`;
+  return fetch(url, {...options, headers});
+}
 
 function setState(name, message) {
   document.body.dataset.state = name;
@@ -102,7 +111,7 @@ async function showPoint(point) {
   state.point = point;
   drawMarkers();
   setState('point-loading', `p = (${point.x}, ${point.y}): reading its attention…`);
-  const response = await fetch(`/v1/explore/${state.image.id}?x=${point.x}&y=${point.y}`);
+  const response = await request(`/v1/explore/${state.image.id}?x=${point.x}&y=${point.y}`);
   if (!response.ok) { setState('error', `error: ${await errorOf(response)}`); return; }
   const answer = await response.json();
   if (state.point !== point) return;  // another click came first
@@ -146,7 +155,7 @@ async function explore(file) {
   setState('uploading', `running the model on ${file.name}…`);
   state.point = state.maps = null;
   $('#point').textContent = '';
-  const response = await fetch('/v1/explore', {method: 'POST', body: file,
+  const response = await request('/v1/explore', {method: 'POST', body: file,
     headers: {'Content-Type': file.type || 'application/octet-stream'}});
   if (!response.ok) { setState('error', `error: ${await errorOf(response)}`); return; }
   const answer = await response.json();
@@ -169,7 +178,17 @@ async function explore(file) {
 }
 
 async function start() {
-  const response = await fetch('/v1/model');
+  const response = await request('/v1/model');
+  if (response.status === 401) {
+    const note = $('#unavailable');
+    note.textContent = `This server needs its token (${await errorOf(response)}): open ` +
+      `${location.origin}/explorer/#token=<token>, the token of its --auth_token_file.`;
+    note.hidden = false;
+    $('#file').disabled = true;
+    setState('unauthorized');
+    return;
+  }
+  if (!response.ok) { setState('error', `error: ${await errorOf(response)}`); return; }
   state.model = await response.json();
   $('#model').textContent = `${state.model.source} (${state.model.backend}), ` +
     `${state.model.num_classes || '?'} classes`;
