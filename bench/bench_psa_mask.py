@@ -23,7 +23,12 @@ has free), or whose single call would run past ``--max-seconds``, is skipped wit
 the reason printed under the table. ``--impls custom`` times the custom op
 alone (a before/after comparison of the kernels needs no pure-Paddle cells).
 
-``--backends`` adds a second table: the pure-Paddle form exported (N, H, W
+On the CPU a second table times the backward kernel alone (float32, N=1, through
+``psa_mask_cpu_backward_into``: no copy of grad_outputs, no fresh memory) against
+its read+write limit: reading grad_out once (a Paddle sum) plus writing grad_x
+once (a Paddle fill of a tensor as large), both on memory already touched.
+
+``--backends`` adds a further table: the pure-Paddle form exported (N, H, W
 dynamic) and run in Paddle Inference (oneDNN on, psanet's predictor settings),
 onnxruntime and OpenVINO, beside the custom op in dygraph and the write limit, at
 the R50 config's 59x59 mask on the maps of 512x256, 1024x512 and 2048x1024 inputs
@@ -42,7 +47,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # compat first: it filters Paddle's "No ccache found" warning before paddle is imported
 # (psanet.compat.NO_CCACHE_NOTICE); psanet.ops does not import compat.
 from psanet import compat  # noqa: E402,F401
-from psanet.ops import load_library, psa_mask, psa_mask_cpu_threads  # noqa: E402
+from psanet.ops import (COLLECT, DISTRIBUTE, load_library, psa_mask,  # noqa: E402
+                        psa_mask_cpu_backward_into, psa_mask_cpu_threads)
 
 import numpy as np  # noqa: E402
 import paddle  # noqa: E402
@@ -226,6 +232,45 @@ def gpu_name():
     return paddle.device.cuda.get_device_name()
 
 
+def backward_kernel_table(args):
+    """The CPU backward kernel alone beside reading grad_out plus writing grad_x, N=1."""
+    psa_type = COLLECT if args.psa_type == 'collect' else DISTRIBUTE
+    print(f'\nThe CPU backward kernel alone ({args.psa_type}, float32, N=1, op threads '
+          f'{psa_mask_cpu_threads()}), median ms of {args.repeats} calls after one\n')
+    header = ['mask', 'map', 'grad_out + grad_x', 'read grad_out', 'write grad_x',
+              'read+write limit', 'bwd kernel', 'bwd / limit']
+    print('| ' + ' | '.join(header) + ' |')
+    print('|' + '---|' * len(header))
+    notes = []
+    for mask, height, width in SHAPES:
+        positions = height * width
+        y_bytes, x_bytes = 4 * positions ** 2, 4 * mask * mask * positions
+        free = available_bytes('cpu')
+        budget = args.budget_gib * GIB if free is None else min(args.budget_gib * GIB, 0.8 * free)
+        if 2 * (y_bytes + x_bytes) > budget:
+            notes.append(f'{mask}x{mask} on {height}x{width}: skipped, needs about '
+                         f'{2 * (y_bytes + x_bytes) / GIB:.1f} GiB, '
+                         f'budget {budget / GIB:.1f} GiB.')
+            continue
+        grad_y = np.random.default_rng(0).standard_normal(
+            (1, positions, height, width), dtype='float32')
+        grad_x = np.empty((1, mask * mask, height, width), 'float32')
+        grad_y_tensor = paddle.to_tensor(grad_y)
+        fill = paddle.zeros(grad_x.shape, 'float32')
+        read, _ = time_calls(lambda: grad_y_tensor.sum(), args.repeats, args.max_seconds)
+        write, _ = time_calls(lambda: fill.fill_(0.0), args.repeats, args.max_seconds)
+        kernel, _ = time_calls(
+            lambda: psa_mask_cpu_backward_into(grad_y, grad_x, psa_type, mask, mask),
+            args.repeats, args.max_seconds)
+        row = [f'{mask}x{mask}', f'{height}x{width}', fmt_bytes(y_bytes + x_bytes),
+               fmt_ms(read), fmt_ms(write), fmt_ms(read + write), fmt_ms(kernel),
+               fmt_ratio(kernel, read + write)]
+        print('| ' + ' | '.join(row) + ' |', flush=True)
+        del grad_y, grad_x, grad_y_tensor, fill
+    for note in notes:
+        print('- ' + note)
+
+
 class _PurePSAMask(paddle.nn.Layer):
     """The pure-Paddle op alone, for export (a parameter of 1: Paddle 3.0.0's
     predictor needs a parameter file, psanet.compat.PARAMETERLESS_PROGRAM)."""
@@ -375,6 +420,8 @@ def main():
     print('bwd: paddle.grad of the output w.r.t. x (includes its copy of grad_outputs).')
     for note in notes:
         print('- ' + note)
+    if args.device == 'cpu':
+        backward_kernel_table(args)
     if args.backends:
         backends_table(args)
 

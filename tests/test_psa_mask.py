@@ -15,7 +15,8 @@ import pytest
 
 from conftest import ROOT
 from psanet.ops import (BI_DIRECTIONAL, COLLECT, DISTRIBUTE, PSA_TYPE_NAMES, PSA_TYPES,
-                        PSAMask, load_library, psa_impl, psa_mask, psa_mask_paddle)
+                        PSAMask, load_library, psa_impl, psa_mask,
+                        psa_mask_cpu_backward_into, psa_mask_paddle)
 from psa_mask_reference import OP_TEST_SHAPES, reference_backward, reference_forward
 
 IMPLS = ('custom', 'paddle')
@@ -116,6 +117,27 @@ def test_outputs_are_zeroed_on_every_call(impl, psa_type):
         assert not np.isnan(y).any() and not np.isnan(grad_x).any()
         np.testing.assert_array_equal(y, reference_forward(x, psa_type, *mask))
         np.testing.assert_array_equal(grad_x, reference_backward(grad_y, psa_type, *mask))
+
+
+@pytest.mark.parametrize('psa_type', [COLLECT, DISTRIBUTE])
+@pytest.mark.parametrize('shape,mask', [((2, 5, 37), (7, 9)), ((1, 3, 33), (5, 41)),
+                                        ((1, 4, 16), (3, 3))])
+def test_cpu_backward_kernel_alone_matches_reference_over_nan(psa_type, shape, mask):
+    # The bench's hook into the float32 kernel; the map rows (37, 33: a partial
+    # cache line last; 16: exactly one) take several lines of columns, and grad_x
+    # starts as NaN, so every element must be written.
+    num, height, width = shape
+    grad_y = np.random.default_rng(5).standard_normal(
+        (num, height * width, height, width)).astype('float32')
+    grad_x = np.full((num, mask[0] * mask[1], height, width), np.nan, 'float32')
+    psa_mask_cpu_backward_into(grad_y, grad_x, psa_type, *mask)
+    np.testing.assert_array_equal(grad_x, reference_backward(grad_y, psa_type, *mask))
+
+
+def test_cpu_backward_kernel_alone_refuses_a_wrong_array():
+    grad_y = np.zeros((1, 20, 4, 5), 'float64')
+    with pytest.raises(ValueError, match='C-contiguous float32'):
+        psa_mask_cpu_backward_into(grad_y, np.zeros((1, 9, 4, 5), 'float32'), COLLECT, 3, 3)
 
 
 @pytest.mark.parametrize('impl', IMPLS)

@@ -10,7 +10,8 @@ the JIT build is the CPU-only library, with one warning line: the op still
 runs on CPU tensors (the CPU predictor, export), and a GPU tensor raises.
 
 The library also answers, through ctypes, how many threads its CPU kernels
-use (``psa_mask_cpu_threads``, ``psa_mask_last_cpu_threads``).
+use (``psa_mask_cpu_threads``, ``psa_mask_last_cpu_threads``), and runs the
+float32 CPU backward kernel alone for the bench (``psa_mask_cpu_backward_into``).
 """
 import ctypes
 import fcntl
@@ -152,3 +153,24 @@ def psa_mask_last_cpu_threads():
     """Threads the last CPU ``psa_mask`` forward or backward in this process ran on
     (0 before the first); for tests and benchmarks."""
     return _library().psa_mask_last_cpu_threads()
+
+
+def psa_mask_cpu_backward_into(grad_y, grad_x, psa_type, mask_h, mask_w):
+    """Runs the float32 CPU backward kernel of ``psa_type`` (COLLECT or DISTRIBUTE)
+    from ``grad_y`` [N, H*W, H, W] into ``grad_x`` [N, mask_h*mask_w, H, W], both
+    C-contiguous float32 numpy arrays, with no Paddle tensor and no allocation:
+    bench/bench_psa_mask.py times the kernel with it."""
+    num, cells, height, width = grad_x.shape
+    for array, shape in ((grad_y, (num, height * width, height, width)),
+                         (grad_x, (num, mask_h * mask_w, height, width))):
+        if array.dtype.str != '<f4' or not array.flags.c_contiguous or array.shape != shape:
+            raise ValueError(f'psa_mask_cpu_backward_into: need C-contiguous float32 arrays '
+                             f'{(num, height * width, height, width)} and '
+                             f'{(num, mask_h * mask_w, height, width)}, got {grad_y.shape} '
+                             f'{grad_y.dtype} and {grad_x.shape} {grad_x.dtype}.')
+    function = _library().psa_mask_cpu_backward_float
+    function.restype = None
+    function.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 5 + \
+        [ctypes.c_int]
+    function(grad_y.ctypes.data, grad_x.ctypes.data, num, height, width, mask_h, mask_w,
+             psa_type)
