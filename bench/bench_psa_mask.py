@@ -266,7 +266,7 @@ def backward_kernel_table(args):
                fmt_ms(read), fmt_ms(write), fmt_ms(read + write), fmt_ms(kernel),
                fmt_ratio(kernel, read + write)]
         print('| ' + ' | '.join(row) + ' |', flush=True)
-        del grad_y, grad_x, grad_y_tensor, fill
+        grad_y = grad_x = grad_y_tensor = fill = None  # freed before the next shape
     for note in notes:
         print('- ' + note)
 

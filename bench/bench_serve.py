@@ -324,7 +324,7 @@ def main():
         if 'deadline' in args.parts:
             server = Server(deploy, args, args.max_batch, log)
             _load(server.url, body, 16, args.requests // 2, args.time_limit_s)  # warm
-            print(f'\n| X-Request-Timeout-S | concurrency | requests | 200 | 504 | other '
+            print('\n| X-Request-Timeout-S | concurrency | requests | 200 | 504 | other '
                   '| p50 ms of the 200s | p50 ms of the 504s |')
             print('|---:|---:|---:|---:|---:|---:|---:|---:|')
             for deadline_s in (args.deadline_s, 60):
@@ -334,8 +334,8 @@ def main():
                       f'| {ok_ms:.1f} | {late_ms:.1f} |')
             server.stop()
         if 'drain' in args.parts:
-            print(f'\n| CPU hogs | requests | in flight at SIGTERM | 200 | 503 | none '
-                  f'| last answer s | exit s | bound s | exit code |')
+            print('\n| CPU hogs | requests | in flight at SIGTERM | 200 | 503 | none '
+                  '| last answer s | exit s | bound s | exit code |')
             print('|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|')
             from psanet.serve.app import DRAIN_BACKSTOP_S
             for hogs in (False, True):

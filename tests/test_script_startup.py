@@ -9,7 +9,7 @@ import pytest
 
 from conftest import ROOT
 
-SCRIPTS = ['train.py', 'val.py', 'predict.py', 'export.py', 'deploy/python/infer.py',
+SCRIPTS = ['train.py', 'val.py', 'predict.py', 'export.py', 'serve.py', 'deploy/python/infer.py',
            'tools/convert_checkpoint.py', 'tools/visualize_attention.py',
            'tools/evaluate_cityscapes.py', 'tools/make_mini_cityscapes.py',
            'tools/prepare_cityscapes.py']
