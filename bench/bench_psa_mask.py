@@ -82,7 +82,8 @@ def parse_args():
     parser.add_argument('--backends', action='store_true',
                         help='also time the exported pure-Paddle form in every backend')
     parser.add_argument('--smoke', action='store_true',
-                        help='the backends table at the smallest map, one call per cell, only')
+                        help='the backends table and the CPU backward kernel at the smallest '
+                        'map, one call per cell: the check CI runs')
     args = parser.parse_args()
     if args.smoke:
         args.backends, args.repeats = True, 1
@@ -242,7 +243,7 @@ def backward_kernel_table(args):
     print('| ' + ' | '.join(header) + ' |')
     print('|' + '---|' * len(header))
     notes = []
-    for mask, height, width in SHAPES:
+    for mask, height, width in SHAPES[:1] if args.smoke else SHAPES:
         positions = height * width
         y_bytes, x_bytes = 4 * positions ** 2, 4 * mask * mask * positions
         free = available_bytes('cpu')
@@ -393,6 +394,8 @@ def main():
         limit = 'write limit'
     if args.smoke:
         backends_table(args)
+        if args.device == 'cpu':
+            backward_kernel_table(args)
         return
     print(f'psa_mask on {where}, {args.psa_type}, float32: paddle {paddle.__version__}, median '
           f'of {args.repeats} calls after one warm-up (ms); op library {library}\n')
