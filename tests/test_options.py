@@ -117,7 +117,7 @@ def test_a_bool_or_a_non_integer_is_no_count(name, value):
 FROZEN = ('psanet.core.options.InferenceOptions', 'psanet.core.options.EvalOptions',
           'psanet.core.options.TrainOptions', 'psanet.export.ExportOptions',
           'psanet.deploy.predictor.PredictorOptions', 'psanet.core.config.LoadedConfig',
-          'psanet.serve.app.ServeOptions')
+          'psanet.serve.startup.ServeOptions')
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'psanet')
 
 
