@@ -6,7 +6,6 @@ import os
 import re
 import subprocess
 import sys
-import textwrap
 
 import numpy as np
 import paddle
@@ -275,31 +274,6 @@ def test_onednn_drops_an_integer_scale_where_its_record_says(tmp_path):
         got = predict(compat.configure_inference(cpu_config(path, onednn)), x)
         broken = not np.array_equal(got, want)
         assert broken == (onednn and compat.ONEDNN_INT_SCALE.needed()), (onednn, got)
-
-
-@pytest.mark.skipif(not compat.ONEDNN_PLACEMENT.needed(), reason='not needed on this Paddle')
-def test_onednn_placement_still_puts_pad_on_a_broken_kernel(tmp_path):
-    """3: with the placement pass kept, oneDNN's pad kernel crashes or pads other axes.
-    If this fails, Paddle fixed it: drop the pad sentence of the ONEDNN_PLACEMENT record in psanet/compat/workarounds.py."""
-    code = textwrap.dedent(f'''
-        import numpy as np, paddle, sys
-        sys.path.insert(0, {os.path.join(ROOT, 'tests')!r})
-        from predictor_helpers import cpu_config, predict
-
-        class Pad(paddle.nn.Layer):
-            def forward(self, x):
-                return paddle.nn.functional.pad(x, [0, 0, 0, 1, 0, 0, 2, 3])
-
-        path = {str(tmp_path / 'model')!r}
-        spec = [paddle.static.InputSpec([None, 2, None, None], 'float32', 'x')]
-        paddle.jit.save(paddle.jit.to_static(Pad(), input_spec=spec, full_graph=True), path)
-        x = np.ones((1, 2, 3, 4), 'float32')
-        got = predict(cpu_config(path, onednn=True), x)
-        print('right' if got.shape == (1, 3, 3, 9) and got.sum() == x.sum() else 'wrong')
-    ''')
-    result = run_process([sys.executable, '-c', code], capture_output=True, text=True,
-                         env=dict(os.environ, GLOG_minloglevel='2'), timeout=300)
-    assert result.returncode != 0 or result.stdout.split()[-1] == 'wrong', result.stdout
 
 
 @pytest.mark.skipif(not compat.MEMORY_OPTIM.needed(), reason='not needed on this Paddle')

@@ -98,8 +98,8 @@ ONEDNN_PLACEMENT = Workaround(
     '3.0 to 3.2 run it ignoring align_corners=True (logits off by 8 in the mini PSANet). '
     '`onednn_placement_pass` is deleted: the fused convolutions still run in oneDNN, the other '
     'ops take their plain kernels. The deletion also keeps the pure-Paddle op\'s `pad` off '
-    "oneDNN's pad kernel, which crashes the process or pads the wrong axes there (3.3.1; "
-    'tests/test_compat.py::test_onednn_placement_still_puts_pad_on_a_broken_kernel).',
+    "oneDNN's pad kernel, which crashes the process, hangs it or pads the wrong axes there "
+    '(seen on 3.3.1; not tested: a run may hang).',
     ('psanet/compat/fixes.py:configure_inference', 'psanet/deploy/predictor.py:ONEDNN_PLACEMENT'),
     _ISSUES.format('Paddle', 79749), 'Paddle >= 3.0 (open)',
     _COMPAT + 'test_onednn_placement_workaround_is_needed_where_its_record_says', first=(3, 0),
