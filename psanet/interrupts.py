@@ -7,9 +7,8 @@ look at the record at their boundaries (a training step, an evaluation batch,
 an image) and stop there: :func:`requested`, or :func:`raise_if_requested`
 where stopping is raising :class:`~psanet.errors.Interrupted`. A second Ctrl-C
 ends the process at once (SIGINT's default action is put back); a repeated
-SIGTERM is the same request (``paddle.distributed.launch`` forwards SIGTERM
-three times, and schedulers follow theirs with SIGKILL). DataLoader workers
-(:func:`worker_init`) ignore both: the main process ends them.
+SIGTERM is the same request (``paddle.distributed.launch`` forwards it three
+times). DataLoader workers (:func:`worker_init`) ignore both: the main process ends them.
 """
 import contextlib
 import signal
@@ -17,12 +16,9 @@ import threading
 
 from psanet.errors import Interrupted
 
-__all__ = ['stop_at_boundaries', 'requested', 'raise_if_requested', 'stopped', 'worker_init',
-           'STOP_NOTE']
+__all__ = ['stop_at_boundaries', 'requested', 'raise_if_requested', 'stopped', 'worker_init', 'STOP_NOTE']
 
-# The variable naming the file where a launched run's first rank on a node leaves what its
-# stop says, for ``python -m psanet.launch`` to print when Paddle's launcher returns.
-STOP_NOTE = 'PSANET_STOP_NOTE'
+STOP_NOTE = 'PSANET_STOP_NOTE'  # names the file psanet.launch prints a launched stop from
 HANDLED = (signal.SIGINT, signal.SIGTERM)
 _received = []  # the signals recorded within stop_at_boundaries, first first
 
