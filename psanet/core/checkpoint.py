@@ -1,13 +1,6 @@
-"""One checkpoint folder: written whole, listed, pruned and read back.
-
-A checkpoint is a folder ``<save_dir>/iter_N/`` (or ``best_model/``) holding
-``model.pdparams``, ``model.pdopt`` (with the LR scheduler) and
-``train_state.json`` (iteration, epoch, seed, best mIoU), written whole by
-:func:`psanet.files.write_folder` (docs/reliability.md). The run folder that owns
-them is :mod:`psanet.core.run_folder`; weights for evaluation, prediction and export
-load through :mod:`psanet.core.weights`. It imports no paddleseg, so that a run's
-folder is locked before any config is built.
-"""
+"""One checkpoint folder (``iter_N/`` or ``best_model/``: model.pdparams, model.pdopt,
+train_state.json): written whole, listed, pruned and read back. No paddleseg import, so
+that a run's folder is locked before any config is built."""
 import json
 import os
 import re
@@ -29,41 +22,25 @@ STATE_FILE = 'train_state.json'
 _ITER_DIR = re.compile(r'^iter_(\d+)$')
 
 
-def _to_json(value):
-    """numpy scalars and arrays in LR scheduler states -> plain Python."""
-    if isinstance(value, dict):
-        return {str(k): _to_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_to_json(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, np.generic):
-        return value.item()
+def _plain(value):
+    """json's ``default``: the numpy scalars and arrays (and tensors) of LR scheduler states."""
     if isinstance(value, paddle.Tensor):
-        return value.numpy().tolist()
-    return value
+        value = value.numpy()
+    if isinstance(value, (np.ndarray, np.generic)):
+        return value.tolist()
+    raise TypeError(f'{type(value).__name__} is not JSON serializable')
 
 
 def save_checkpoint(directory, model, optimizer=None, state=None):
-    """Writes a checkpoint folder whole (:func:`psanet.files.write_folder`).
-
-    Args:
-        directory (str): the final folder, e.g. ``output/iter_1000``; an existing
-            one is replaced only once the new one is complete.
-        model (paddle.nn.Layer): the model (not its DataParallel wrapper).
-        optimizer (paddle.optimizer.Optimizer, optional): saved as model.pdopt. Default: None.
-        state (dict, optional): JSON-able training state, saved as train_state.json. Default: None.
-
-    Returns:
-        str: ``directory``.
-    """
+    """Writes ``directory`` whole (:func:`psanet.files.write_folder`); ``model`` is not
+    its DataParallel wrapper. Returns ``directory``."""
     def write(temporary):
         paddle.save(model.state_dict(), os.path.join(temporary, WEIGHTS_FILE))
         if optimizer is not None:
             paddle.save(optimizer.state_dict(), os.path.join(temporary, OPTIMIZER_FILE))
         if state is not None:
             with open(os.path.join(temporary, STATE_FILE), 'w') as f:
-                json.dump(_to_json(state), f, indent=1)
+                json.dump(state, f, indent=1, default=_plain)
 
     return write_folder(directory, write)
 
@@ -99,12 +76,8 @@ def checkpoint_iteration(path):
 
 
 def prune_checkpoints(save_dir, keep_checkpoint_max):
-    """Deletes the oldest ``iter_N`` folders beyond ``keep_checkpoint_max`` (<= 0 keeps all),
-    each at once or not at all (:func:`psanet.files.delete_folders`).
-
-    Returns:
-        list: the deleted paths.
-    """
+    """Deletes the oldest ``iter_N`` folders beyond ``keep_checkpoint_max`` (<= 0 keeps all);
+    returns their paths."""
     if keep_checkpoint_max is None or keep_checkpoint_max <= 0:
         return []
     checkpoints = list_checkpoints(save_dir)
@@ -124,17 +97,8 @@ def load_saved(path, what, fix):
 
 
 def load_checkpoint(path):
-    """Reads a checkpoint folder written by :func:`save_checkpoint` for ``--resume_model``.
-
-    Args:
-        path (str): an ``iter_N`` folder.
-
-    Returns:
-        tuple: (model state_dict, optimizer state_dict, training state dict).
-
-    Raises:
-        CheckpointError: naming the file that is missing or cannot be read.
-    """
+    """(model state_dict, optimizer state_dict, train_state) of a ``--resume_model`` folder;
+    CheckpointError names the file that is missing or cannot be read."""
     fix = 'pass another iter_N folder of the same save_dir to --resume_model.'
     if not os.path.isdir(path):
         raise CheckpointError(f'--resume_model {path} is not a folder: pass a checkpoint folder '
@@ -168,21 +132,10 @@ def parameter_names(model):
 
 
 def rename_optimizer_state(optimizer_state, saved_names, model):
-    """Re-keys an optimizer state_dict saved for another build of the same model.
-
-    Paddle names optimizer accumulators after the parameters' unique names
-    (``conv2d_8.w_0_velocity_0``), which depend on how many layers the process
-    had built before; the model's structured names do not. ``saved_names``
-    (from :func:`parameter_names` at save time) maps one onto the other.
-
-    Args:
-        optimizer_state (dict): the loaded model.pdopt.
-        saved_names (dict): structured name -> unique name when it was saved.
-        model (paddle.nn.Layer): the model now.
-
-    Returns:
-        dict: the state with keys of this build's parameter names.
-    """
+    """Re-keys an optimizer state_dict saved for another build of the same model: Paddle
+    keys accumulators by the parameters' unique names (``conv2d_8.w_0_velocity_0``), which
+    depend on how many layers the process had built before; ``saved_names`` (from
+    :func:`parameter_names` at save time) maps the structured names onto them."""
     current = parameter_names(model)
     rename = {saved_names[k]: v for k, v in current.items()
               if k in saved_names and saved_names[k] != v}

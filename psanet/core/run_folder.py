@@ -1,11 +1,6 @@
-"""A training run's save_dir, owned by one :class:`RunFolder` from the run's start to its end.
-
-Opening it locks the folder, picks and reads the checkpoint to resume
-(``--resume_model auto``: the newest that loads) and refuses what would mix two
-runs; only rank 0 looks, and one all-reduce tells every rank. Then it resumes the
-model, optimizer and LR scheduler, saves ``iter_N``, keeps ``best_model/``, and on
-closing removes what an interrupted save left and unlocks. Why: docs/design.md.
-"""
+"""A training run's save_dir, owned by one :class:`RunFolder` from the run's start to its end:
+lock, pick and refuse on opening (rank 0 looks, one all-reduce tells every rank), resume,
+save, keep the best, unlock. Why: docs/design.md."""
 import contextlib
 import errno
 import fcntl
@@ -33,11 +28,8 @@ BEST_MODEL = 'best_model'
 
 @dataclass
 class RunState:
-    """What a run changes as it goes: where it is, its best evaluation, its losses.
-
-    ``losses``, ``loss_terms``, ``local_losses`` and ``evals`` are per
-    iteration (per evaluation) run here, as :func:`~psanet.core.train.train` returns them.
-    """
+    """What a run changes as it goes; the lists hold one entry per iteration (evaluation) run
+    here, as :func:`~psanet.core.train.train` returns them."""
     iteration: int = 0
     start_iter: int = 0
     best_miou: float = -1.0
@@ -55,27 +47,14 @@ class RunState:
         self.loss_terms.append(step.terms.tolist())
 
     def result(self):
-        return {'losses': self.losses, 'loss_terms': self.loss_terms,
-                'local_losses': self.local_losses, 'start_iter': self.start_iter,
-                'last_checkpoint': self.last_checkpoint, 'best_miou': self.best_miou,
-                'best_iter': self.best_iter, 'evals': self.evals, 'seed': self.seed}
+        return {k: v for k, v in vars(self).items() if k != 'iteration'}
 
 
 class RunFolder:
-    """``options.save_dir`` for one training run: ``with RunFolder(options) as folder:``.
-
-    Entering raises, on every rank and before anything is written: ConfigError when
-    the folder holds another run's checkpoints or another process trains in it, when
-    a given checkpoint is not before ``options.iters``, or when the one 'auto' picks
-    was trained with another recipe; CheckpointError when the checkpoint to resume
-    does not load, or its name and its train_state.json disagree on its iteration.
-
-    Attributes:
-        options (TrainOptions): the run's.
-        path (str): the folder (``options.save_dir``).
-        resume_model (str): the checkpoint the run continues from: the one given, or
-            for 'auto' the newest that loads (None: it starts).
-    """
+    """``with RunFolder(options) as folder:``. Entering raises on every rank, before anything
+    is written: ConfigError for what would mix two runs, CheckpointError for a checkpoint to
+    resume that does not load. ``resume_model``: the one given, or for 'auto' the newest
+    that loads (None: the run starts)."""
 
     def __init__(self, options):
         self.options, self.path = options, options.save_dir
@@ -83,8 +62,7 @@ class RunFolder:
         self.resume_model = None if self._auto else options.resume_model
         self._main = dist.is_main_process()
         self._lock, self._open = None, False
-        self._loaded = None  # rank 0: what was read of resume_model, until resume() takes it
-        self._in_the_way = []  # rank 0, --overwrite: deleted once resume() has loaded
+        self._loaded, self._in_the_way = None, []  # rank 0's, until resume() takes them
 
     def __enter__(self):
         self.options.check_schedule()
@@ -103,9 +81,7 @@ class RunFolder:
             failed, picked = dist.all_reduce_sum([error is not None,
                                                   0 if picked is None else picked + 1])
             if failed > 0:
-                if error is not None:
-                    raise error
-                raise ConfigError(f'rank 0 refused --save_dir {self.path}: its error says why '
+                raise error or ConfigError(f'rank 0 refused --save_dir {self.path}: its error says why '
                                   '(workerlog.0 with paddle.distributed.launch).')
             if self._auto and picked and not self._main:
                 self.resume_model = os.path.join(self.path, f'iter_{int(picked) - 1}')
@@ -134,7 +110,6 @@ class RunFolder:
             self._lock = None
 
     def _look(self):
-        """Rank 0: picks and reads the checkpoint to resume; refuses what would mix two runs."""
         if self._auto:
             self._pick_newest()
         path = self.resume_model
@@ -165,8 +140,6 @@ class RunFolder:
                               f'iters is {self.options.iters}: raise --iters to train further.')
 
     def _pick_newest(self):
-        """'auto': the newest iter_N that loads; a newer one that does not is named in a
-        warning and passed over (it stays until this run saves that iteration again)."""
         failures = []
         for _, path in reversed(ckpt.list_checkpoints(self.path, whole=False)):
             try:
@@ -188,24 +161,22 @@ class RunFolder:
                 'over in a new --save_dir (nothing was deleted).')
 
     def _refuse_or_clear(self):
-        """Refuses the checkpoints a new run would mix with its own, or with ``overwrite``
-        returns them, to be deleted once the resumed checkpoint has loaded."""
+        """What a new run would mix with its own: refused, or with ``overwrite`` returned, to
+        be deleted once the resumed checkpoint has loaded."""
         save_dir, resume_model = self.path, self.resume_model
         if resume_model is not None and not os.path.isdir(resume_model):
             return []  # load_checkpoint says what is wrong with it
         checkpoints = ckpt.list_checkpoints(save_dir)
         best = os.path.join(save_dir, BEST_MODEL)
-        best = best if os.path.isdir(best) else None
-        if not checkpoints and best is None:
+        kept = checkpoints + ([(ckpt.checkpoint_iteration(best), best)]
+                              if os.path.isdir(best) else [])
+        if not kept:
             return []
         parent = os.path.dirname(os.path.abspath(os.path.normpath(resume_model or '.')))
         if resume_model is not None and os.path.realpath(parent) == os.path.realpath(save_dir):
             start = ckpt.checkpoint_iteration(resume_model)
-            in_the_way = [path for iteration, path in checkpoints
-                          if start is not None and iteration > start]
-            best_iteration = ckpt.checkpoint_iteration(best) if best else None
-            if start is not None and best_iteration is not None and best_iteration > start:
-                in_the_way.append(best)
+            in_the_way = [path for iteration, path in kept
+                          if None not in (start, iteration) and iteration > start]
             if in_the_way and not self.options.overwrite:
                 raise ConfigError(
                     f'--resume_model {resume_model} is not the latest checkpoint in --save_dir '
@@ -213,7 +184,7 @@ class RunFolder:
                     f'Resume from {checkpoints[-1][1]}, write this run to a new --save_dir, or '
                     'pass --overwrite to delete them.')
             return in_the_way
-        in_the_way = [path for _, path in checkpoints] + ([best] if best else [])
+        in_the_way = [path for _, path in kept]
         if not self.options.overwrite:
             elsewhere = (f' (--resume_model {resume_model} is not in it)'
                          if resume_model is not None else '')
@@ -228,26 +199,19 @@ class RunFolder:
         return in_the_way
 
     def resume(self, model, optimizer, scheduler):
-        """Loads ``resume_model`` (None: none) into the model, the optimizer and the scheduler,
-        then deletes what ``--overwrite`` replaces and settles the best mIoU to beat.
-
-        Returns:
-            tuple: the :class:`RunState` to start from, its seed the checkpoint's, else
-            ``options.seed``, else drawn; and the checkpoint's train_state ({}: none).
-        """
+        """Loads ``resume_model`` into the model, optimizer and scheduler; returns the
+        :class:`RunState` to start from and the checkpoint's train_state ({}: none)."""
         if not self._open:
             raise RuntimeError('a RunFolder resumes inside its block: with RunFolder(options) '
                                'as folder: train(..., folder)')
-        # Imported here: the model stack, which locking a folder does not need.
-        from psanet.core.weights import check_state_fits
+        from psanet.core.weights import check_state_fits  # the model stack: not for locking
         options, path, logger = self.options, self.resume_model, get_logger()
         state, saved = RunState(seed=options.seed), {}
         if path is None and self._auto:
             logger.info(f'--resume_model auto: no checkpoint in {self.path}: starting at '
                         'iteration 0.')
         elif path is not None:
-            # Taken, not kept: no second copy of the weights held through training.
-            loaded, self._loaded = self._loaded, None
+            loaded, self._loaded = self._loaded, None  # no second copy of the weights kept
             model_state, optimizer_state, saved = loaded or ckpt.load_checkpoint(path)
             _warn_of_another_recipe(options, path, saved)
             check_state_fits(model, model_state, f'the weights of --resume_model {path}',
@@ -294,7 +258,6 @@ class RunFolder:
         return state
 
     def _clear_overwritten(self):
-        """Deletes what ``overwrite`` replaces (rank 0, once)."""
         if self._in_the_way:
             get_logger().warning(f'--overwrite: deleting {_names(self._in_the_way)} of the '
                                  f'previous run in {self.path}.')
@@ -302,10 +265,8 @@ class RunFolder:
             self._in_the_way = []
 
     def _settle_best(self, state):
-        """The best mIoU to beat is that of this folder's best_model/: without one (resumed
-        into a new folder, or deleted by --overwrite) the resumed best starts over, so that
-        this run keeps a best_model/; one newer than the resumed checkpoint (``auto``
-        passed over one that does not load) is adopted."""
+        """The best mIoU to beat is that of this folder's best_model/ (none: it starts over,
+        so that this run keeps one), also when newer than the resumed checkpoint."""
         best = os.path.join(self.path, BEST_MODEL)
         if not os.path.isdir(best):
             if state.best_iter >= 0:
@@ -327,9 +288,7 @@ class RunFolder:
                               'newer than the resumed checkpoint: it stays the best to beat.')
 
     def warn_of_changes(self, run, saved):
-        """Warns of what differs from the run that saved the resumed checkpoint, each by its
-        cause: another batch_size or process count changes the iterations per epoch by
-        itself; only a change they do not explain means the training set changed."""
+        """Warns of what changes the data order against the saved run, each by its cause."""
         batch_size, world_size = run.options.batch_size, run.world_size
         changes = []
         saved_batch = (saved.get('batch_size', batch_size), saved.get('world_size', world_size))
@@ -352,12 +311,7 @@ class RunFolder:
                                  'differs from an uninterrupted run.')
 
     def save(self, run, state):
-        """Saves iter_<state.iteration> (rank 0), unless it is saved already, and prunes to
-        ``keep_checkpoint_max``; its train_state.json holds what an exact resume needs.
-
-        Returns:
-            str: its path.
-        """
+        """Saves iter_<state.iteration> (rank 0) unless saved already, prunes; returns its path."""
         path = os.path.join(self.path, f'iter_{state.iteration}')
         if state.last_checkpoint == path:
             return path
@@ -390,10 +344,7 @@ class RunFolder:
 
 
 def _names(paths):
-    names = [os.path.basename(os.path.normpath(p)) for p in paths]
-    if len(names) <= 5:
-        return ', '.join(names)
-    return f'{", ".join(names[:2])}, ..., {", ".join(names[-2:])} ({len(names)} folders)'
+    return few(os.path.basename(os.path.normpath(p)) for p in paths)
 
 
 def _warn_of_another_recipe(options, resume_model, saved):
@@ -410,8 +361,7 @@ def _warn_of_another_recipe(options, resume_model, saved):
 
 
 def _warn_of_another_schedule(options, saved, scheduler):
-    """Another iters stretches or shrinks the LR schedule (its decay steps are iters):
-    says what the learning rate is now, against the saved run's."""
+    """Another iters stretches or shrinks the LR schedule: says what the LR is now."""
     saved_iters = (saved.get('recipe') or {}).get('iters')
     saved_lr = saved['lr_scheduler'].get('last_lr')
     if saved_iters is None or saved_iters == options.iters or saved_lr is None:
@@ -428,18 +378,13 @@ class _SaveDirLock:
     """An exclusive ``flock`` on ``<save_dir>/.train.lock``, which names the holder."""
 
     def __init__(self, save_dir):
-        try:
-            os.makedirs(save_dir, exist_ok=True)
-        except OSError as error:
-            raise ConfigError(f'--save_dir {save_dir} cannot be created ({error}): pick a '
-                              'folder you can write to.') from error
-        self.path = os.path.join(save_dir, LOCK_FILE)
-        self.fd = None
+        self.path, self.fd = os.path.join(save_dir, LOCK_FILE), None
         while self.fd is None:
             try:
+                os.makedirs(save_dir, exist_ok=True)
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            except PermissionError as error:
-                raise ConfigError(f'--save_dir {save_dir} is not writable ({error}): pick a '
+            except OSError as error:
+                raise ConfigError(f'--save_dir {save_dir} cannot be written ({error}): pick a '
                                   'folder you can write to.') from error
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -460,23 +405,18 @@ class _SaveDirLock:
                     'a second run started in it at once would not be refused.')
                 return
             # A holder deletes the file before unlocking it: hold the file that is there now.
-            try:
-                current = os.stat(self.path)
-            except FileNotFoundError:
-                current = None
-            if current is not None and os.path.samestat(os.fstat(fd), current):
-                self.fd = fd
-            else:
+            with contextlib.suppress(FileNotFoundError):
+                if os.path.samestat(os.fstat(fd), os.stat(self.path)):
+                    self.fd = fd
+            if self.fd is None:
                 os.close(fd)
         os.ftruncate(self.fd, 0)
         os.write(self.fd, f'pid {os.getpid()} on {socket.gethostname()}, started '
                           f'{time.strftime("%Y-%m-%d %H:%M:%S")}\n'.encode())
 
     def release(self):
-        """Deletes the lock file, then unlocks it."""
-        if self.fd is None:
-            return
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(self.path)
-        os.close(self.fd)
-        self.fd = None
+        if self.fd is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self.path)
+            os.close(self.fd)
+            self.fd = None
