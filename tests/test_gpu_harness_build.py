@@ -6,8 +6,10 @@ harness says why it cannot run, it compares with the reference the op's tests
 use (tests/psa_mask_reference.py), and its checks pass a right kernel and fail
 wrong ones (numpy stand-ins for the library).
 """
+import ctypes
 import importlib.util
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -81,6 +83,31 @@ def test_harness_exits_2_with_a_reason_without_a_gpu(capi_library, capsys):
 def test_harness_exits_2_when_nvcc_is_missing(capsys):
     assert harness.main(['--nvcc', '/nonexistent/nvcc']) == harness.EXIT_UNAVAILABLE
     assert 'nvcc not found' in capsys.readouterr().err
+
+
+def test_the_build_cache_is_keyed_by_every_source(tmp_path):
+    """The cache both tests/gpu builds use: reused while nothing changes, rebuilt when a
+    file the source includes changes, and a failed build names its command and output."""
+    import cached_build  # tests/gpu/, on the path since the harness was loaded
+    compiler = shutil.which('c++') or shutil.which('g++')
+    if compiler is None:
+        pytest.skip('no C++ compiler')
+    source, header = tmp_path / 'value.cc', tmp_path / 'value.h'
+    source.write_text('#include "value.h"\nextern "C" int value() { return VALUE; }\n')
+    flags, built, calls = ['-shared', '-fPIC', f'-I{tmp_path}'], [], []
+    for value in (1, 1, 2):
+        header.write_text(f'#define VALUE {value}\n')
+        built.append(cached_build.cached_build(compiler, flags, [str(source), str(header)],
+                                               str(tmp_path / 'cache'), 'value', RuntimeError,
+                                               calls.append))
+        assert ctypes.CDLL(built[-1]).value() == value
+    assert built[0] == built[1] != built[2] and len(calls) == 2
+    source.write_text('int broken(\n')
+    with pytest.raises(RuntimeError, match=r'(?s)^\$ .*value\.cc\n.*error'):
+        cached_build.cached_build(compiler, flags, [str(source)], str(tmp_path / 'cache'),
+                                  'value', RuntimeError)
+    assert sorted(os.listdir(tmp_path / 'cache')) == sorted(os.path.basename(p) for p in
+                                                            set(built))
 
 
 def test_arch_flags():

@@ -48,15 +48,10 @@ def save_checkpoint(directory, model, optimizer=None, state=None):
 def list_checkpoints(save_dir, whole=True):
     """``(iteration, path)`` of the ``iter_N`` folders in ``save_dir``, oldest first; with
     ``whole``, only those holding model.pdparams."""
-    if not os.path.isdir(save_dir):
-        return []
-    found = []
-    for name in os.listdir(save_dir):
-        iteration, path = named_iteration(name), os.path.join(save_dir, name)
-        if iteration is not None and os.path.isdir(path) and (
-                not whole or os.path.isfile(os.path.join(path, WEIGHTS_FILE))):
-            found.append((iteration, path))
-    return sorted(found)
+    names = os.listdir(save_dir) if os.path.isdir(save_dir) else []
+    found = [(named_iteration(name), os.path.join(save_dir, name)) for name in names]
+    return sorted((n, path) for n, path in found if n is not None and os.path.isdir(path)
+                  and (not whole or os.path.isfile(os.path.join(path, WEIGHTS_FILE))))
 
 
 def named_iteration(path):
@@ -80,8 +75,7 @@ def prune_checkpoints(save_dir, keep_checkpoint_max):
     returns their paths."""
     if keep_checkpoint_max is None or keep_checkpoint_max <= 0:
         return []
-    checkpoints = list_checkpoints(save_dir)
-    removed = [path for _, path in checkpoints[:-keep_checkpoint_max]]
+    removed = [path for _, path in list_checkpoints(save_dir)[:-keep_checkpoint_max]]
     delete_folders(removed)
     return removed
 

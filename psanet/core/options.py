@@ -26,15 +26,13 @@ RESUME_AUTO = 'auto'  # --resume_model auto: the newest checkpoint of --save_dir
 _WHERE_KEYS = ('dataset_root', 'train_path', 'val_path', 'pretrained')
 
 
-def _flag(name):
-    return f'--{name}'
+_flag = '--{}'.format
 
 
 @dataclass(frozen=True)
 class InferenceOptions:
-    """How each image is inferred; the fields are the flags of
-    :func:`psanet.cli.add_inference_flags` and test_config's keys, plus ``precision`` and
-    ``amp_level``. ``named_by`` (not stored): field name -> how a message names it."""
+    """How each image is inferred: the flags of :func:`psanet.cli.add_inference_flags` (and
+    test_config's keys), precision and amp_level. ``named_by``: field -> name in messages."""
     aug_eval: bool = False
     scales: Tuple[float, ...] = (1.0, )
     flip_horizontal: bool = False
@@ -140,8 +138,7 @@ def _check_integers(where, **values):
 
 @dataclass(frozen=True)
 class EvalOptions:
-    """An evaluation job: how images are inferred, DataLoader workers, where predictions
-    (and val.py's figures) go, and whether to show progress and log the [EVAL] lines."""
+    """An evaluation job (val.py's flags); ``print_detail``: progress bar and [EVAL] lines."""
     inference: InferenceOptions = InferenceOptions()
     num_workers: int = 0
     save_dir: Optional[str] = None
@@ -160,9 +157,8 @@ class EvalOptions:
 
 
 def training_recipe(config, iters, batch_size):
-    """What a checkpoint records of a config's sections (``cfg.dic``) to tell another run's:
-    the model, loss, optimizer, LR schedule, training data, iters and batch_size; no file
-    locations."""
+    """What a checkpoint records of a config's sections (``cfg.dic``) to tell another run's;
+    no file locations."""
     def plain(value):
         if isinstance(value, dict):
             return {str(k): plain(v) for k, v in value.items() if k not in _WHERE_KEYS}
@@ -200,13 +196,10 @@ def recipe_changes(saved, current):
 
 @dataclass(frozen=True)
 class TrainOptions:
-    """The training loop's settings: train.py's flags (their help says what each means),
-    the config's schedule filled in. Beyond the flags: ``recipe_batch_size`` (images per
-    step of the config's recipe, for the start-of-training log line), ``evaluation`` (the
-    evaluations' options, whose ``num_workers``, ``precision`` and ``amp_level`` training
-    shares: read them as ``options.num_workers`` etc.), ``config`` (its path, for
-    train.log) and ``recipe`` (:func:`training_recipe`). ``named_by`` (not stored): field
-    name -> how a message names it."""
+    """The training loop's settings: train.py's flags (their help says what each means).
+    ``evaluation`` holds the ``num_workers``, ``precision`` and ``amp_level`` training shares
+    with its evaluations (read as ``options.num_workers`` etc.); ``recipe_batch_size`` is the
+    config's images per step, ``config`` its path, ``recipe`` :func:`training_recipe`."""
     iters: Optional[int] = None
     batch_size: Optional[int] = None
     save_dir: str = 'output'

@@ -17,7 +17,7 @@ from psanet.core import checkpoint as ckpt
 from psanet.core import dist
 from psanet.core.options import RESUME_AUTO, recipe_changes
 from psanet.errors import CheckpointError, ConfigError, few
-from psanet.files import delete_folders, remove_stale_temporaries
+from psanet.files import check_save_dir, delete_folders, remove_stale_temporaries
 from psanet.log import get_logger
 
 __all__ = ['LOCK_FILE', 'BEST_MODEL', 'RunState', 'RunFolder']
@@ -81,8 +81,8 @@ class RunFolder:
             failed, picked = dist.all_reduce_sum([error is not None,
                                                   0 if picked is None else picked + 1])
             if failed > 0:
-                raise error or ConfigError(f'rank 0 refused --save_dir {self.path}: its error says why '
-                                  '(workerlog.0 with paddle.distributed.launch).')
+                raise error or ConfigError(f'rank 0 refused --save_dir {self.path}: its error '
+                                           'says why (workerlog.0 with paddle.distributed.launch).')
             if self._auto and picked and not self._main:
                 self.resume_model = os.path.join(self.path, f'iter_{int(picked) - 1}')
                 state_path = os.path.join(self.resume_model, ckpt.STATE_FILE)
@@ -238,15 +238,13 @@ class RunFolder:
     def _resumed_state(self, saved):
         options, path, logger = self.options, self.resume_model, get_logger()
         start = int(saved['iteration'])
-        state = RunState(iteration=start, start_iter=start,
+        seed = int(saved['seed']) if 'seed' in saved else options.seed
+        if options.seed not in (None, seed):
+            logger.warning(f'--seed {options.seed} ignored: resuming with the checkpoint\'s '
+                           f'seed {seed}.')
+        state = RunState(iteration=start, start_iter=start, last_checkpoint=path, seed=seed,
                          best_miou=float(saved.get('best_miou', -1.0)),
-                         best_iter=int(saved.get('best_iter', -1)), last_checkpoint=path,
-                         seed=options.seed)
-        if 'seed' in saved:
-            if options.seed is not None and options.seed != saved['seed']:
-                logger.warning(f'--seed {options.seed} ignored: resuming with the checkpoint\'s '
-                               f'seed {saved["seed"]}.')
-            state.seed = int(saved['seed'])
+                         best_iter=int(saved.get('best_iter', -1)))
         if self._auto and start >= options.iters:
             logger.info(f'--resume_model auto: {path} is the last of {options.iters} iterations: '
                         'the run is done, nothing to train.')
@@ -378,14 +376,11 @@ class _SaveDirLock:
     """An exclusive ``flock`` on ``<save_dir>/.train.lock``, which names the holder."""
 
     def __init__(self, save_dir):
+        check_save_dir(save_dir)  # as every job's: a file in the way, no write permission
+        os.makedirs(save_dir, exist_ok=True)
         self.path, self.fd = os.path.join(save_dir, LOCK_FILE), None
         while self.fd is None:
-            try:
-                os.makedirs(save_dir, exist_ok=True)
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            except OSError as error:
-                raise ConfigError(f'--save_dir {save_dir} cannot be written ({error}): pick a '
-                                  'folder you can write to.') from error
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -11,13 +11,13 @@ against tests/psa_mask_reference.py. What the figures mean: tests/gpu/README.md.
 """
 import argparse
 import ctypes
-import hashlib
 import os
 import shutil
-import subprocess
 import sys
 
 import numpy as np
+
+from cached_build import cached_build  # tests/gpu/
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.join(HERE, 'psa_mask_emulator.cc')
@@ -55,30 +55,16 @@ def find_compiler():
 
 
 def build(build_dir=DEFAULT_BUILD_DIR, include_dir=OPS_DIR, optimize='-O2'):
-    """Compiles the emulator against ``include_dir``'s psa_mask_kernel.h into
-    ``build_dir`` (named by a hash of the compiler, flags and sources, so the same
-    build is reused); returns the library's path."""
+    """Compiles the emulator against ``include_dir``'s psa_mask_kernel.h into ``build_dir``
+    (:func:`cached_build.cached_build`); returns the library's path."""
     compiler = find_compiler()
     if compiler is None:
         raise EmulatorUnavailable('no C++ compiler (set CXX, or install g++)')
     flags = [optimize, '-std=c++17', '-shared', '-fPIC', '-Wall', '-Wextra', '-Werror',
              f'-I{include_dir}']
-    digest = hashlib.sha256(' '.join([os.path.realpath(compiler)] + flags).encode())
-    for path in (SOURCE, os.path.join(include_dir, 'psa_mask_kernel.h')):
-        with open(path, 'rb') as f:
-            digest.update(f.read())
-    os.makedirs(build_dir, exist_ok=True)
-    library = os.path.join(build_dir, f'psa_mask_emulator_{digest.hexdigest()[:12]}.so')
-    if os.path.isfile(library):
-        return library
-    partial = f'{library}.{os.getpid()}.partial'  # renamed once whole
-    command = [compiler, *flags, '-o', partial, SOURCE]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    if result.returncode != 0:
-        raise EmulatorUnavailable(f'the emulator does not compile:\n$ {" ".join(command)}\n'
-                                  f'{result.stdout}{result.stderr}')
-    os.replace(partial, library)
-    return library
+    sources = [SOURCE, os.path.join(include_dir, 'psa_mask_kernel.h')]
+    return cached_build(compiler, flags, sources, build_dir, 'psa_mask_emulator', lambda output:
+                        EmulatorUnavailable(f'the emulator does not compile:\n{output}'))
 
 
 class Emulator:

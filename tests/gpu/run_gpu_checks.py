@@ -16,7 +16,6 @@ import concurrent.futures
 import ctypes
 import dataclasses
 import functools
-import hashlib
 import os
 import platform
 import re
@@ -31,6 +30,8 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # tests/, for the reference shared with the op tests
+sys.path.insert(0, HERE)  # tests/gpu/, for the build cache shared with emulator.py
+from cached_build import cached_build  # noqa: E402
 from psa_mask_reference import (  # noqa: E402
     OP_TEST_SHAPES, reference_backward, reference_forward, window_cells)
 
@@ -146,28 +147,15 @@ def build_library(nvcc, arch='native', build_dir=DEFAULT_BUILD_DIR, log=print):
     nvcc and flags, so a build of the same is reused; returns the library's path."""
     flags = ['-O3', '-std=c++17', '-lineinfo', *arch_flags(arch), '-Xcompiler', '-fPIC,-Wall',
              '-shared']
-    digest = hashlib.sha256(' '.join([os.path.realpath(nvcc)] + flags).encode())
     for path in (CAPI_SOURCE, BASELINES_SOURCE, KERNEL_HEADER):
         if not os.path.isfile(path):
             raise HarnessUnavailable(f'{path} not found: copy ops/ and tests/ keeping their '
                                      'relative places.')
-        with open(path, 'rb') as f:
-            digest.update(f.read())
-    os.makedirs(build_dir, exist_ok=True)
-    library = os.path.join(build_dir, f'psa_mask_capi_{digest.hexdigest()[:12]}.so')
-    if os.path.isfile(library):
-        return library
-    partial = library + '.partial'  # renamed once whole: a reader never sees half a file
-    command = [nvcc, *flags, '-o', partial, CAPI_SOURCE]
-    log('building: ' + ' '.join(command))
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    if result.returncode != 0:
-        hint = ' (-arch=native needs a visible GPU; pass --arch, e.g. --arch 90)' \
-            if arch == 'native' else ''
-        raise HarnessUnavailable(f'nvcc failed{hint}:\n$ {" ".join(command)}\n'
-                                 f'{result.stdout}{result.stderr}')
-    os.replace(partial, library)
-    return library
+    hint = ' (-arch=native needs a visible GPU; pass --arch, e.g. --arch 90)' \
+        if arch == 'native' else ''
+    return cached_build(nvcc, flags, [CAPI_SOURCE, BASELINES_SOURCE, KERNEL_HEADER], build_dir,
+                        'psa_mask_capi',
+                        lambda output: HarnessUnavailable(f'nvcc failed{hint}:\n{output}'), log)
 
 
 _INT, _I64, _OUT_INT = ctypes.c_int, ctypes.c_int64, ctypes.POINTER(ctypes.c_int)
