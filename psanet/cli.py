@@ -1,15 +1,10 @@
 """What the command lines share: running their work with one ``error:`` line, and flags.
 
-The top-level scripts (train.py, val.py, predict.py, export.py,
-deploy/python/infer.py) parse flags and call their work through
-:func:`run_cli`: it configures the logger once (:func:`psanet.log.setup_logging`);
-a :class:`~psanet.errors.UserError`, or an op library that cannot be built here,
-becomes one readable ``error: ...`` line on stderr and exit code 2, without a
-traceback; any other exception is a bug
-and keeps its traceback. Ctrl-C and SIGTERM (what job schedulers send) stop the
-work at its next step, batch or image (:mod:`psanet.interrupts`): one line and
-exit code 130 or 143.
-The inputs themselves are checked by the library functions the scripts call.
+The top-level scripts parse flags and call their work through :func:`run_cli`: it
+configures the logger once; a :class:`~psanet.errors.UserError`, or an op library that
+cannot be built here, becomes one ``error: ...`` line on stderr and exit code 2; any other
+exception is a bug and keeps its traceback. Ctrl-C and SIGTERM stop the work at its next
+step, batch or image (:mod:`psanet.interrupts`): one line and exit code 130 or 143.
 """
 import signal
 import sys

@@ -1,11 +1,10 @@
 """What the engine, export and the deploy package agree on, in one small module.
 
-The files of an export and ``deploy.yaml``'s names, the exported graph's input name and
-output ops, the palettes and which dataset gets which, which files are images to predict,
-how a JSON file or an image is read, and a prediction's two files (a palette PNG of class
-ids in ``<save_dir>/pseudo_color_prediction/``, the image blended with the class colours in
-``<save_dir>/added_prediction/``). It imports only :mod:`psanet.errors` and
-:mod:`psanet.files` of ours, so the deploy package can use it without the engine.
+The files of an export and ``deploy.yaml``'s names, the graph's input name and output ops,
+the palettes, which files are images to predict, how a JSON file or an image is read, and
+a prediction's two files (``pseudo_color_prediction/``, ``added_prediction/``). It imports
+only :mod:`psanet.errors` and :mod:`psanet.files` of ours, so the deploy package can use it
+without the engine.
 """
 import contextlib
 import io
@@ -101,18 +100,10 @@ def _outputs_below(paths, base):
 
 
 def get_image_list(image_path, flag='--image_path'):
-    """Images to predict and their output paths.
-
-    Args:
-        image_path (str): an image file; a folder (searched recursively); or a
-            text file with one image path per line (a whole line that names a file,
-            else its first field; relative paths are relative to the list file's folder).
-        flag (str, optional): the flag that named it, for messages. Default: '--image_path'.
-
-    Returns:
-        list: ``(image path, path relative to the output folders)`` pairs; a relative
-        path never leaves the output folder (see :func:`check_outputs`).
-    """
+    """``(image path, path relative to the output folders)`` pairs of ``image_path``: an image,
+    a folder (searched recursively) or a list file (a whole line that names a file, else its
+    first field; relative to the list file's folder). A relative path never leaves the output
+    folder (:func:`check_outputs`)."""
     if os.path.isdir(image_path):
         images = []
         for root, dirs, files in os.walk(image_path):
@@ -170,14 +161,8 @@ def check_outputs(images, save_dir):
 
 
 def color_map(num_classes, custom_color=None, cityscapes=False):
-    """A flat [r, g, b, ...] palette of 256 colours.
-
-    Args:
-        num_classes (int | None): number of classes (only checked against custom_color;
-            None: not checked).
-        custom_color (list, optional): r, g, b values for classes 0, 1, ... replacing the defaults.
-        cityscapes (bool, optional): colour train ids 0-18 as Cityscapes does. Default: False.
-    """
+    """A flat [r, g, b, ...] palette of 256 colours: ``custom_color`` for classes 0, 1, ... (at
+    most ``num_classes`` when given), Cityscapes' for train ids 0-18 with ``cityscapes``."""
     from paddleseg.utils import visualize
     colors = visualize.get_color_map_list(256)
     if cityscapes:
@@ -231,18 +216,8 @@ def palette_png(label, colors):
 
 
 def save_prediction(label, image, relative, save_dir, colors):
-    """Writes the pseudo-colour PNG and the overlay of one label map, each whole.
-
-    Args:
-        label (np.ndarray): uint8 [H, W] class ids at the image size.
-        image (np.ndarray): the BGR image as read.
-        relative (str): the image's path relative to the input, kept below save_dir.
-        save_dir (str): output root.
-        colors (list): flat palette from :func:`color_map`.
-
-    Returns:
-        tuple: ``(pseudo colour path, overlay path)``.
-    """
+    """Writes the pseudo-colour PNG and the overlay of one uint8 [H, W] label map, each whole,
+    below ``save_dir`` at the image's ``relative`` path; returns both paths."""
     pseudo_path, added_path = output_paths(relative, save_dir)
     for path in (pseudo_path, added_path):
         make_output_dir(os.path.dirname(path))

@@ -84,12 +84,8 @@ def unreadable_image(path, fix):
 
 
 class UnreadableImagesError(DatasetError):
-    """Some input images could not be read; every other one was predicted and written.
-
-    Attributes:
-        unreadable (list): paths of the images that could not be read.
-        written (list): the outputs that were written.
-    """
+    """Some input images could not be read (``unreadable``); every other one was predicted and
+    written (``written``)."""
 
     def __init__(self, unreadable, total, written, save_dir):
         self.unreadable, self.written = list(unreadable), list(written)
@@ -107,14 +103,8 @@ class UnreadableImagesError(DatasetError):
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C or SIGTERM; the message says what to do next.
-
-    A KeyboardInterrupt, so that no ``except Exception`` on the way swallows it.
-
-    Args:
-        message (str): the line to print.
-        signum (int, optional): the signal. Default: SIGINT.
-    """
+    """Ctrl-C or SIGTERM; the message says what to do next. A KeyboardInterrupt, so that no
+    ``except Exception`` on the way swallows it."""
 
     def __init__(self, message, signum=signal.SIGINT):
         super().__init__(message)

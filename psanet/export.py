@@ -1,11 +1,10 @@
 """Exports a trained PSANet for deployment: ``model.json`` + ``model.pdiparams`` for Paddle
 Inference, optionally ``model.onnx``, and the ``deploy.yaml`` that names them.
 
-The build side of deployment: it imports the models, the engine's config and
-weights, and the deploy package's runners to check what it wrote against the
-dygraph model (:func:`compare_with_dygraph`); in the package only
-``Segmenter.from_config`` imports it, when called. Output ops, op forms and
-PaddleSeg's contract: docs/deploy.md.
+The build side of deployment: it imports the models, the engine and the deploy package's
+runners to check what it wrote against the dygraph model; in the package only
+``Segmenter.from_config`` imports it, when called. Output ops, op forms and PaddleSeg's
+contract: docs/deploy.md.
 """
 import contextlib
 import os
@@ -46,25 +45,15 @@ ONNX_OPSET = 13
 
 
 def exported_layer(model, output_op):
-    """The layer whose graph is saved: ``model`` followed by the output op, as PaddleSeg's
-    export.py builds it.
-
-    Args:
-        model (paddle.nn.Layer): A segmentation model returning a list of logits (in eval
-            mode the main one only).
-        output_op (str): 'argmax' or 'softmax' (``paddleseg.deploy.export.WrappedModel``,
-            applied to each logit), or 'none' (``model`` itself).
-    """
+    """The layer whose graph is saved: ``model`` (in eval mode: the main logit only) followed by
+    the output op, 'argmax' or 'softmax' as PaddleSeg's export.py builds it
+    (``paddleseg.deploy.export.WrappedModel``), or 'none' (``model`` itself)."""
     return model if output_op == 'none' else WrappedModel(model, output_op)
 
 
 def parse_input_shape(input_shape):
-    """``--input_shape`` -> ``[N, 3, H, W]`` with -1 for a dynamic dimension.
-
-    Args:
-        input_shape (list|None): Four ints or strings; None, 'None' or -1 mean dynamic.
-            None as a whole means ``[-1, 3, -1, -1]``.
-    """
+    """``--input_shape`` (four ints or strings) -> ``[N, 3, H, W]`` with -1 for a dynamic
+    dimension (None, 'None' or -1); None as a whole means ``[-1, 3, -1, -1]``."""
     if input_shape is None:
         return list(DYNAMIC_INPUT_SHAPE)
     shape = []
@@ -88,33 +77,11 @@ def parse_input_shape(input_shape):
 
 @dataclass(frozen=True)
 class ExportOptions:
-    """What an export writes: export.py's flags and the palette, checked once.
-
-    Args:
-        input_shape (Sequence, optional): ``[N, C, H, W]``, None/-1 for a dynamic
-            dimension; None means ``[-1, 3, -1, -1]`` (dynamic batch and size). Kept as
-            the int tuple :func:`parse_input_shape` makes of it. Default: None.
-        output_op (str, optional): 'argmax' (int32 class ids [N, H, W]), 'softmax'
-            (probabilities [N, C, H, W]) or 'none' (logits [N, C, H, W]), as PaddleSeg's
-            export.py. Default: 'argmax'.
-        psa_impl (str, optional): 'custom' (the C++/CUDA op; Paddle Inference loads its
-            library) or 'paddle' (standard ops only; converts to ONNX). Default: 'custom'.
-        onnx (bool, optional): Also write model.onnx (needs psa_impl='paddle', paddle2onnx
-            and onnxruntime). Default: False.
-        palette (str, optional): Colours of the deployed predictions, 'cityscapes' or
-            'default' (:func:`psanet.contract.palette_for`). Default: 'default'.
-        quantize (str, optional): 'int8' also writes model_int8.onnx, quantised with
-            calibration images (:mod:`psanet.deploy.quantize`; needs ``onnx``). Default: None.
-        calib_images (str, optional): The calibration images (folder, image or list file).
-        calib_num (int, optional): How many calibration images to use. Default: 32.
-
-    Attributes:
-        calib_paths (tuple): with ``quantize``, the first ``calib_num`` images of
-            ``calib_images``, listed once here; else empty.
-
-    Raises:
-        ConfigError: for an option that cannot work, naming its flag.
-    """
+    """What an export writes: export.py's flags (their help says what each means) and the
+    palette ('cityscapes' or 'default', :func:`psanet.contract.palette_for`), checked once;
+    a bad one is a ConfigError naming its flag. ``input_shape`` is kept as the int tuple
+    :func:`parse_input_shape` makes of it; ``calib_paths``: with ``quantize``, the first
+    ``calib_num`` images of ``calib_images``, listed once here."""
     input_shape: Optional[Sequence] = None
     output_op: str = 'argmax'
     psa_impl: str = 'custom'
@@ -182,23 +149,12 @@ def _check_onnx_tools():
 
 
 def export_model(model, val_transforms, save_dir, options=None, num_classes=None):
-    """Saves ``model`` for deployment; returns the path of ``deploy.yaml``.
+    """Saves ``model`` for deployment as ``options`` say; returns the path of ``deploy.yaml``.
 
-    The files are written into a hidden folder beside ``save_dir`` that replaces
-    it once complete, so a failed export leaves the previous one whole. Every entry
-    of the old folder that is not an export file stays (hidden ones and folders
-    included); its old export files go, so the folder holds what deploy.yaml names.
-
-    Args:
-        model (paddle.nn.Layer): A segmentation model whose forward returns a list of logits.
-        val_transforms (list[dict]): The config's val transforms, written to deploy.yaml.
-        save_dir (str): Output folder.
-        options (ExportOptions, optional): Default: ``ExportOptions()`` (dynamic shape,
-            argmax, the custom op, no ONNX).
-        num_classes (int, optional): Written to deploy.yaml. Default: None.
-
-    Raises:
-        ConfigError: for a ``save_dir`` that cannot be a folder.
+    The files are written into a hidden folder beside ``save_dir`` that replaces it once
+    complete, so a failed export leaves the previous one whole. Every entry of the old folder
+    that is not an export file stays (hidden ones and folders included); its old export files
+    go, so the folder holds what deploy.yaml names.
     """
     options = options or ExportOptions()
     check_export_dir(save_dir)
@@ -349,24 +305,10 @@ def export_onnx(save_dir):
 
 def export_from_config(config, model_path, save_dir='output/inference_model',
                        check_image_path=None, opts=None, **flags):
-    """export.py: builds the model from ``config``, loads ``model_path`` and exports it.
-
-    Args:
-        config (str): The training config (its model and val transforms are used).
-        model_path (str): model.pdparams or a checkpoint folder; None exports the
-            initial weights (with a warning), as PaddleSeg's export.py does.
-        save_dir (str, optional): Output folder. Default: 'output/inference_model'.
-        check_image_path (str, optional): Images (a file, folder or list) to run through
-            the dygraph model and the exported one (Paddle Inference on the CPU, oneDNN off
-            and on; onnxruntime too with ``onnx``), logging how far they agree. Default: None.
-        opts (list, optional): ``key=value`` config overrides. Default: None.
-        **flags: export.py's ``input_shape``, ``output_op``, ``psa_impl``, ``onnx``,
-            ``quantize``, ``calib_images`` and ``calib_num``
-            (:class:`ExportOptions`); the palette follows the config's val dataset.
-
-    Returns:
-        str: the path of deploy.yaml.
-    """
+    """export.py (its flags by name; the palette follows the config's val dataset): builds the
+    model, loads ``model_path`` (None: the initial weights, with a warning, as PaddleSeg's
+    export.py) and exports it; ``check_image_path`` images also run through the dygraph model
+    and the export, logging how far they agree. Returns the path of deploy.yaml."""
     logger = get_logger()
     cfg = load_config(config, opts=opts)
     builder = ComponentBuilder(cfg, weights_follow=bool(model_path))
@@ -413,22 +355,13 @@ def _check_export(model, deploy_path, image_path, logger):
 
 
 def compare_with_dygraph(model, deploy, image_paths, options=None, backend='paddle', int8=False):
-    """Runs ``image_paths`` through ``model`` (dygraph) and the export ``deploy`` describes.
-
-    Args:
-        model (paddle.nn.Layer): The dygraph model the export was made from.
-        deploy (DeployConfig): The export.
-        image_paths (list[str]): Images, preprocessed with the export's transforms.
-        options (PredictorOptions, optional): How the export runs (for onnxruntime, its
-            ``cpu_threads``). Default: ``PredictorOptions()``.
-        backend (str, optional): 'paddle' (Paddle Inference), 'onnxruntime' or 'openvino'
-            (model.onnx; :mod:`psanet.deploy.backends`). Default: 'paddle'.
-        int8 (bool, optional): Run model_int8.onnx instead. Default: False.
+    """Runs ``image_paths`` (preprocessed with the export's transforms) through ``model`` and the
+    export ``deploy`` describes, on ``backend`` ('paddle', 'onnxruntime' or 'openvino').
 
     Returns:
-        dict: ``images``; ``pixel_agreement``, the fraction of pixels whose class is
-        the same; ``max_abs_diff``, the largest difference of the exported output
-        from the dygraph logits (or their softmax), None for an argmax export.
+        dict: ``images``; ``pixel_agreement``, the fraction of pixels whose class is the same;
+        ``max_abs_diff``, the largest difference of the exported output from the dygraph logits
+        (or their softmax), None for an argmax export.
     """
     runner = create_runner(deploy, backend, options, int8=int8)
     transforms = deploy.build_transforms()

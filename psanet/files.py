@@ -1,15 +1,9 @@
 """Files and folders written whole: each is filled as a hidden temporary beside its place,
 then renamed in, so that a reader, a crash or a full disk never sees one half-written.
 
-:func:`write_file_whole` (and :func:`write_bytes`, :func:`write_image` over it) writes a
-file, :func:`write_folder` a folder (the old one moved aside, then deleted), and
-:func:`delete_folders` deletes folders each at once; :func:`check_save_dir`,
-:func:`check_output_file` and :func:`make_output_dir` look at and make the folders they
-write into. A write that fails for lack of space is a
-:class:`~psanet.errors.DiskFullError` naming the folder and its free space. Every writer of
-the package comes here but the op's build (:mod:`psanet.ops` imports nothing of ours); it
-imports only :mod:`psanet.errors` of ours, so that the engine, the deploy package and the data
-tools all can.
+A write that fails for lack of space is a :class:`~psanet.errors.DiskFullError` naming the
+folder and its free space. Every writer of the package comes here but the op's build; it
+imports only :mod:`psanet.errors` of ours, so that every layer can.
 """
 import contextlib
 import errno
@@ -36,13 +30,9 @@ _RETIRED = re.compile(r'^\.(.+)' + re.escape(RETIRED_SUFFIX + TEMP_MARK))
 
 
 def check_save_dir(save_dir, flag='--save_dir'):
-    """Raises ConfigError unless ``save_dir`` is a folder this process can write into, or
-    can be made one.
-
-    Checked before any work, so that a file in the way (``--save_dir out.png``)
-    or a folder without write permission is named at once rather than as a
-    traceback after the first image. Nothing is created.
-    """
+    """Raises ConfigError unless ``save_dir`` is a folder this process can write into, or can be
+    made one: checked before any work, so that a file in the way or a folder without write
+    permission is named at once. Nothing is created."""
     path = os.path.abspath(save_dir)
     if os.path.lexists(path) and not os.path.isdir(path):
         raise ConfigError(f'{flag} {save_dir} is a file, not a folder: pass a folder (it is '
@@ -127,16 +117,10 @@ def raise_if_disk_full(error, folder):
 
 
 def write_file_whole(path, write, durable=False):
-    """Writes the file ``path`` whole or not at all: ``write(temporary)`` fills a hidden file
-    beside it, which then replaces ``path``. On any failure the temporary is removed and
-    ``path`` is as it was; a full disk is a :class:`~psanet.errors.DiskFullError`.
-
-    Args:
-        path (str): the final file; its folder must exist.
-        write (callable): writes the file it is given.
-        durable (bool, optional): fsync the file and its folder, so that the rename
-            survives a power loss. Default: False.
-    """
+    """Writes the file ``path`` (its folder must exist) whole or not at all: ``write(temporary)``
+    fills a hidden file beside it, which then replaces ``path``; on any failure ``path`` is as
+    it was. ``durable``: fsync the file and its folder, so that the rename survives a power
+    loss."""
     folder = os.path.dirname(os.path.abspath(path))
     temporary = os.path.join(folder, f'.{os.path.basename(path)}{TEMP_MARK}{os.getpid()}')
     try:
@@ -227,22 +211,11 @@ def _fsync_tree(folder):
 
 
 def write_folder(directory, write, carry_over=None):
-    """Writes a folder whole or not at all: ``write(temporary)`` fills a hidden folder
-    beside ``directory``, which then replaces ``directory`` (an old one is moved aside
-    first and deleted after). A failure or a signal before the swap leaves the old folder
-    as it was; a full disk is a :class:`~psanet.errors.DiskFullError`. Temporaries a killed
-    writer of the same folder left are deleted first.
-
-    Args:
-        directory (str): the final folder.
-        write (callable): fills the folder it is given.
-        carry_over (callable, optional): ``carry_over(name)`` is True for the entries of
-            the old folder to move into the new one (files the new one does not have).
-            Default: None, nothing is carried over.
-
-    Returns:
-        str: ``directory``.
-    """
+    """Writes a folder whole or not at all: ``write(temporary)`` fills a hidden folder beside
+    ``directory``, which then replaces it (an old one moved aside first, deleted after); a
+    failure or a signal before the swap leaves the old folder as it was. Temporaries a killed
+    writer of the same folder left are deleted first. ``carry_over(name)`` is True for the
+    entries of the old folder to move into the new one. Returns ``directory``."""
     directory = os.path.normpath(directory)
     parent = os.path.dirname(directory) or '.'
     name = os.path.basename(directory)

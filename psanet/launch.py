@@ -1,20 +1,11 @@
 """``python -m psanet.launch``: ``paddle.distributed.launch`` with its flags checked.
 
-It takes exactly the arguments of Paddle's launcher and runs it in this process
-(the same process, signals and exit code) once :func:`check` and :func:`check_here`
-have found nothing that cannot work: a launch that would fail, hang until a
-timeout or train the wrong thing ends in one ``error:`` line before anything starts
-(docs/training.md, "Multi-card and multi-node"). Around Paddle's launcher it adds:
-
-- with an ``etcd://`` master: what etcd3 0.12 and gRPC need is set, the etcd must
-  answer, and with ``--elastic_level`` 1 a node whose own ranks failed restarts for
-  certain (``restart_own_failure``);
-- with more than one node and Paddle's own (HTTP) master, whose rendezvous has no
-  timeout: a watcher process kills this launcher (SIGKILL: it has no ranks yet, and
-  a scheduler takes a SIGTERMed one for a preempted one) and says so in one line
-  when its ranks have not started within ``PSANET_RENDEZVOUS_TIMEOUT`` seconds (300);
-- a stopped run's stop and resume lines, which its first rank on this node leaves in
-  the file ``$PSANET_STOP_NOTE`` names, printed when Paddle's launcher returns.
+It takes exactly the arguments of Paddle's launcher and runs it in this process once
+:func:`check` and :func:`check_here` have found nothing that cannot work: a launch that
+would fail, hang or train the wrong thing ends in one ``error:`` line before anything
+starts. Around Paddle's launcher it adds what an ``etcd://`` master needs, a watcher that
+ends a multi-node rendezvous that does not meet within ``PSANET_RENDEZVOUS_TIMEOUT``
+seconds, and a stopped run's resume line (docs/training.md, "Multi-card and multi-node").
 """
 import contextlib
 import errno
@@ -55,17 +46,9 @@ EXAMPLE = ('python -m psanet.launch --nproc_per_node 2 train.py --config CONFIG 
 
 @dataclass(frozen=True)
 class Launch:
-    """A checked launch line.
-
-    Attributes:
-        args: the launcher's flags as Paddle's ``Context`` takes them (its parser, then
-            the ``PADDLE_*`` variables that override them).
-        nnodes: the largest number of nodes (``--nnodes N`` or ``MIN:MAX``).
-        etcd: the master is an ``etcd://`` one (Paddle's elastic mode).
-        restart_own_failure: make this node restart after its own ranks fail.
-        rendezvous_timeout: seconds the watcher gives the nodes to meet; None: no
-            watcher (one node, or an etcd master).
-    """
+    """A checked launch line: ``args`` as Paddle's ``Context`` takes them (its parser, then the
+    ``PADDLE_*`` variables); ``nnodes`` the largest number of nodes; ``etcd`` whether the
+    master is an ``etcd://`` one; ``rendezvous_timeout`` None: no watcher (one node, or etcd)."""
     args: Namespace
     nnodes: int
     etcd: bool

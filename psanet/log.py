@@ -1,10 +1,8 @@
 """The 'psanet' logger: fetched without side effects, configured once per command.
 
-:func:`get_logger` only returns the logger. A command line configures it once
-(:func:`psanet.cli.run_cli` calls :func:`setup_logging`), and so does training,
-which can be called from Python: rank 0 prints INFO lines to stdout, other
-ranks stay silent. Training adds its ``train.log`` for the length of a run
-with :func:`log_file`. This module imports nothing of ours.
+A command line (:func:`psanet.cli.run_cli`) and training configure it: rank 0 prints INFO
+lines to stdout, other ranks stay silent; training adds its ``train.log`` with
+:func:`log_file`. This module imports nothing of ours.
 """
 import contextlib
 import logging
@@ -65,19 +63,9 @@ _CONSOLE_HANDLERS = (_StdoutHandler, logging.NullHandler)
 
 
 def setup_logging(main_process=None):
-    """Sets where the 'psanet' logger prints, replacing what an earlier call set.
-
-    Rank 0 prints INFO lines to stdout; other ranks stay silent. The files of
-    open :func:`log_file` blocks keep their lines.
-
-    Args:
-        main_process (bool, optional): True prints, False silences the logger.
-            Default: None, rank 0 of ``paddle.distributed`` (read from the
-            environment ``paddle.distributed.launch`` sets).
-
-    Returns:
-        logging.Logger: the 'psanet' logger.
-    """
+    """Sets where the 'psanet' logger prints, replacing what an earlier call set, and returns
+    it: ``main_process`` True prints INFO lines to stdout, False silences it; None: rank 0 of
+    ``paddle.distributed`` prints. The files of open :func:`log_file` blocks keep their lines."""
     if main_process is None:
         import paddle.distributed
         main_process = paddle.distributed.get_rank() == 0
@@ -98,17 +86,11 @@ def setup_logging(main_process=None):
 
 @contextlib.contextmanager
 def log_file(path, main_process=True):
-    """Within the block the 'psanet' logger's lines also go to ``path`` (appended).
+    """Within the block the 'psanet' logger's lines also go to ``path`` (appended; its folder made).
 
-    Its folder is made when missing. Nothing is written, and no file made, on a
-    process other than the main one or when :func:`setup_logging` silenced the
-    logger. A logger no one configured logs INFO lines for the block. Within a
-    block for the same file, a second block adds nothing (each line is written once).
-
-    Args:
-        path (str): e.g. ``<save_dir>/train.log``.
-        main_process (bool, optional): False: do nothing (the other ranks of a
-            multi-process run). Default: True.
+    Nothing is written on a process other than the main one or when :func:`setup_logging`
+    silenced the logger. A logger no one configured logs INFO lines for the block. A second
+    block for the same file adds nothing (each line is written once).
     """
     logger = get_logger()
     path = os.path.abspath(path)
@@ -133,16 +115,9 @@ def log_file(path, main_process=True):
 
 
 class ProgressBar:
-    """A one-line progress bar on stderr in paddleseg's ``Progbar`` form
-    (``3/10 [=====>........] - ETA: 2s``, then ``10/10 [====] - 4s 400ms/image``), for
-    the code that must not import paddleseg (the deploy package, weight downloads).
-
-    Args:
-        total (int): the count at the end (images, bytes).
-        unit (str, optional): what is counted, in the closing rate. Default: 'step'.
-        label (callable, optional): how a count is shown, e.g. in MiB. Default: str.
-        interval (float, optional): seconds between redraws. Default: 0.2.
-    """
+    """A one-line progress bar on stderr in paddleseg's ``Progbar`` form (``3/10 [=====>...]
+    - ETA: 2s``), for the code that must not import paddleseg (the deploy package, weight
+    downloads). ``label`` shows a count (e.g. in MiB); ``unit`` names it in the closing rate."""
 
     def __init__(self, total, unit='step', label=str, interval=0.2):
         self.total, self.unit, self.label, self.interval = int(total), unit, label, interval

@@ -1,14 +1,10 @@
 """Trained weights from an http(s) URL: downloaded once into a cache, checked, then a local file.
 
-``--model_path`` (val.py, predict.py, export.py, tools/visualize_attention.py) and
-``Segmenter.from_config`` take ``https://host/model.pdparams``, or a PaddleSeg-style archive
-(.zip, .tar.gz, .tgz, .tar) holding one ``model.pdparams``; ``#sha256=<hex>`` at the end of
-the URL checks the download. The file is written whole into ``$PSANET_WEIGHTS_CACHE``
-(default ``~/.cache/psanet/weights``) and renamed in only once its length (the server's
-Content-Length), its checksum and its format (a whole pickle, as paddle.save writes: not a
-web page) are right; an archive of plain files is unpacked the same way, as one folder.
-A later call with the same URL finds it there and downloads nothing. Imports neither
-paddle nor the engine.
+A ``.pdparams`` URL or a PaddleSeg-style archive holding one ``model.pdparams``;
+``#sha256=<hex>`` at the end checks the download. The file is renamed into
+``$PSANET_WEIGHTS_CACHE`` (default ``~/.cache/psanet/weights``) only once its length, its
+checksum and its format (a whole pickle, not a web page) are right; a later call with the
+same URL downloads nothing. Imports neither paddle nor the engine.
 """
 import hashlib
 import http.client
@@ -216,23 +212,13 @@ def _weights_in(folder, flag, url):
 
 
 def fetch_weights(url, flag='--model_path', logger=None):
-    """The local path of the weights at ``url``, downloaded into the cache the first time.
-
-    Args:
-        url (str): http(s) URL of a .pdparams file or of an archive holding one
-            ``model.pdparams``; ``#sha256=<hex>`` checks the download.
-        flag (str, optional): What the URL was given as, for the messages.
-            Default: '--model_path'.
-        logger (logging.Logger, optional): Default: the 'psanet' logger.
-
-    Returns:
-        str: a .pdparams file in the cache.
+    """The local path (in the cache) of the weights at ``url``, downloaded the first time;
+    ``flag`` is what the URL was given as, for the messages.
 
     Raises:
-        CheckpointError: a malformed #sha256=, an HTTP or network error, a download cut
-            short or with another checksum, a file that is not weights (a web page), an
-            archive with links, or without one model.pdparams; each leaves nothing in the
-            cache.
+        CheckpointError: a malformed #sha256=, an HTTP or network error, a download cut short
+            or with another checksum, a file that is not weights (a web page), an archive with
+            links, or without one model.pdparams; each leaves nothing in the cache.
     """
     logger = logger or get_logger()
     address, sha256 = _split(url, flag)

@@ -1,9 +1,9 @@
-"""Outputs are checked before any work and written whole: val.py, predict.py, export.py and
-tools/convert_checkpoint.py refuse a path they cannot write before building the model, a
-failed re-export leaves the previous export as it was, a re-export keeps every file of the
-user's (hidden ones and folders too) and no stale export file, export folders get a plain
-mkdir's mode, a killed export's temporaries are cleaned by the next, and a folder that cannot
-be swapped (the current folder, a mount point) is refused up front."""
+"""Outputs are checked before any work and written whole: train.py, val.py, predict.py,
+export.py and tools/convert_checkpoint.py refuse a path they cannot write before building the
+model, a failed re-export leaves the previous export as it was, a re-export keeps every file
+of the user's (hidden ones and folders too) and no stale export file, export folders get a
+plain mkdir's mode, a killed export's temporaries are cleaned by the next, and a folder that
+cannot be swapped (the current folder, a mount point) is refused up front."""
 import importlib.util
 import os
 import subprocess
@@ -20,6 +20,7 @@ from psanet.cli import run_cli
 from psanet.contract import DEPLOY_FILE
 from psanet.core.weights import convert_reproduction_file
 from psanet.core.predict import predict_from_config
+from psanet.core.train import train_from_config
 from psanet.core.val import evaluate_from_config
 from psanet.deploy.deploy_config import DeployConfig
 from psanet.export import ExportOptions, export_from_config, export_model
@@ -67,6 +68,16 @@ def test_val_refuses_an_unusable_save_dir_before_evaluating(tmp_path, capsys, we
     assert run_cli(evaluate_from_config, MINI_CONFIG, weights, device='cpu',
                    save_dir=str(tmp_path / 'ok'), opts=opts) == 0
     assert '[EVAL]' in capsys.readouterr().out
+
+
+def test_train_refuses_an_unusable_save_dir_as_the_other_jobs_do(tmp_path, capsys):
+    taken, cases = _unusable(tmp_path)
+    for save_dir, words in cases:
+        code = run_cli(train_from_config, MINI_CONFIG, device='cpu', save_dir=save_dir)
+        line, out = _one_error_line(capsys, code)
+        assert line.startswith(f'error: --save_dir {save_dir} ') and words in line, line
+        assert 'Training' not in out
+    assert taken.read_text() == 'keep me'
 
 
 def test_predict_and_export_refuse_an_unwritable_save_dir_before_any_work(tmp_path, capsys,

@@ -1,13 +1,10 @@
 """Config loading and component building on paddleseg's Config and SegBuilder, with clear errors.
 
-paddleseg 2.8.0 reads the YAML (``_base_`` inheritance, ``--opts key=value``)
-and builds model, datasets, losses, optimizer and LR scheduler from it; this
-module only adds what it lacks for a command line: a misspelt top-level key,
-an unknown component type, a bad ``--opts`` item, a loop of ``_base_`` files
-or a component that fails to build (a model argument of the wrong type or
-range names ``model.<argument>``) each become one :class:`ConfigError`
-naming the file and the fix instead of an assertion, a RecursionError or a
-wrapped RuntimeError.
+paddleseg 2.8.0 reads the YAML (``_base_``, ``--opts``) and builds the components; this
+module turns what it lacks for a command line (a misspelt top-level key, an unknown
+component type, a bad ``--opts`` item, a loop of ``_base_`` files, a component that fails
+to build) into one :class:`ConfigError` naming the file and the fix, instead of an
+assertion, a RecursionError or a wrapped RuntimeError.
 """
 import copy
 import difflib
@@ -174,14 +171,9 @@ def _check_types(node, where, registries, path):
 
 @dataclass(frozen=True)
 class LoadedConfig:
-    """A checked config: paddleseg's Config and what the engine reads beside it.
-
-    Args:
-        path (str): the YAML file, for messages and train.log.
-        paddleseg_config (paddleseg.cvlibs.Config): the merged sections, --opts applied.
-        recipe_batch_size (int): the file's batch_size before --opts: what its recipe
-            assumes on one card; None unless a positive integer. Default: None.
-    """
+    """A checked config: paddleseg's Config (``--opts`` applied) and what the engine reads beside
+    it. ``recipe_batch_size``: the file's batch_size before --opts, what its recipe assumes on
+    one card; None unless a positive integer."""
     path: str
     paddleseg_config: Config
     recipe_batch_size: Optional[int] = None
@@ -193,23 +185,9 @@ class LoadedConfig:
 
 
 def load_config(path, learning_rate=None, opts=None):
-    """Reads a config like paddleseg's ``Config`` and checks it.
-
-    Args:
-        path (str): the YAML file; ``_base_`` files are merged in.
-        learning_rate (float, optional): overrides ``lr_scheduler.learning_rate``. Default: None.
-        opts (list, optional): ``key=value`` overrides, e.g. ``['model.num_classes=19']``.
-            Default: None.
-
-    Returns:
-        LoadedConfig: the checked config. Training's iters and batch_size are
-        :class:`~psanet.core.options.TrainOptions`' to check (:func:`set_schedule`
-        writes them in).
-
-    Raises:
-        ConfigError: for a missing or malformed file, an unknown key or component
-            type, or a failed paddleseg sanity rule.
-    """
+    """Reads and checks a config like paddleseg's ``Config`` (``_base_`` files merged, ``opts``
+    such as ``['model.num_classes=19']`` applied); raises ConfigError naming the problem.
+    Training's iters and batch_size are TrainOptions' to check (:func:`set_schedule`)."""
     _check_yaml_files(path)
     try:
         merged = parse_from_yaml(path)
@@ -286,14 +264,9 @@ def _download_error(error):
 
 
 class ComponentBuilder:
-    """Builds the config's components through paddleseg's SegBuilder, with clear errors.
-
-    Args:
-        cfg (LoadedConfig): from :func:`load_config`.
-        weights_follow (bool, optional): trained weights will replace the model's (val,
-            predict, export): the config's pretrained weights are neither downloaded nor
-            loaded, and the backbone does not announce training from scratch. Default: False.
-    """
+    """Builds the config's components through paddleseg's SegBuilder, with clear errors. With
+    ``weights_follow`` (val, predict, export: trained weights replace the model's) the
+    config's pretrained weights are neither downloaded nor loaded."""
 
     def __init__(self, cfg, weights_follow=False):
         self.cfg = cfg
@@ -370,14 +343,9 @@ class ComponentBuilder:
         return self._get('val_transforms', 'val_dataset.transforms')
 
     def dataset(self, split, check_labels='all'):
-        """The train or val dataset, its paths and labels checked before use.
-
-        Args:
-            split (str): 'train' or 'val'.
-            check_labels (str, optional): how many samples ``validate_dataset`` reads:
-                'all', 'sample' or 'none'; files it read before and that did not
-                change since are not read again. Default: 'all'.
-        """
+        """The 'train' or 'val' dataset, its paths and labels checked before use;
+        ``check_labels`` ('all', 'sample' or 'none') says how many samples are read (files read
+        before and unchanged since are not read again)."""
         section = f'{split}_dataset'
         dataset_cfg = self.cfg.dic.get(section)
         if not dataset_cfg:

@@ -33,14 +33,7 @@ def sample_paths(dataset, index):
 
 
 class SampleReader(paddle.io.Dataset):
-    """A paddleseg dataset with seeded augmentation, label checks and error records.
-
-    Args:
-        dataset (paddle.io.Dataset): a paddleseg dataset (``Cityscapes``, ``Dataset``...).
-        seed (int): base seed of the per-sample RNG seeds.
-        num_classes (int): labels must lie in [0, num_classes) or be ``ignore_index``.
-        ignore_index (int, optional): Default: 255.
-    """
+    """A paddleseg dataset with seeded augmentation (from ``seed``), label checks and error records."""
 
     def __init__(self, dataset, seed, num_classes, ignore_index=255):
         self.dataset = dataset
@@ -114,16 +107,9 @@ def raise_if_error(batch):
 
 
 class TrainBatchSampler(paddle.io.DistributedBatchSampler):
-    """Shuffled, drop-last DistributedBatchSampler that can start an epoch mid-way.
-
-    Args:
-        dataset (paddle.io.Dataset): the training dataset.
-        batch_size (int): samples per rank and step.
-        seed (int, optional): mixed into every epoch's shuffle; the same on all ranks,
-            so that they split one permutation. Default: 0.
-        num_replicas (int, optional): number of ranks; None: the process group's. Default: None.
-        rank (int, optional): this rank; None: the process's. Default: None.
-    """
+    """Shuffled, drop-last DistributedBatchSampler that can start an epoch mid-way; ``seed`` is
+    mixed into every epoch's shuffle, the same on all ranks, so that they split one
+    permutation."""
 
     def __init__(self, dataset, batch_size, seed=0, num_replicas=None, rank=None):
         super().__init__(dataset, batch_size=batch_size, num_replicas=num_replicas, rank=rank,

@@ -41,14 +41,7 @@ def init_parallel():
 
 
 def all_reduce_sum(values):
-    """Sums a float64 array over all ranks and returns it as numpy.
-
-    Args:
-        values (np.ndarray | list): numbers of the same length on every rank.
-
-    Returns:
-        np.ndarray: float64, the element-wise sum over ranks.
-    """
+    """The element-wise float64 sum over all ranks of ``values`` (the same length on each)."""
     values = np.asarray(values, dtype='float64')
     if world_size() == 1:
         return values
@@ -58,17 +51,9 @@ def all_reduce_sum(values):
 
 
 def broadcast_buffers(model, src=0):
-    """Copies the model's state that DataParallel does not sync from rank ``src`` to all ranks.
-
-    DataParallel keeps the trainable parameters equal but not BatchNorm's
-    running mean and variance (non-trainable parameters in Paddle) or other
-    buffers, which plain BatchNorm (CPU, or ``sync_bn: false``) updates from
-    each rank's own images.
-
-    Args:
-        model (paddle.nn.Layer): the model (not its DataParallel wrapper).
-        src (int, optional): the rank whose values are kept. Default: 0.
-    """
+    """Copies what DataParallel does not sync from rank ``src`` to all ranks: BatchNorm's running
+    mean and variance and other buffers, which plain BatchNorm (CPU, or ``sync_bn: false``)
+    updates from each rank's own images."""
     if world_size() == 1:
         return
     tensors = [p for p in model.parameters() if not p.trainable] + list(model.buffers())

@@ -1,11 +1,9 @@
 """Inference on one image: whole image, sliding windows, scales and flips, as InferenceOptions say.
 
-Models follow paddleseg's convention: ``model(x)`` returns a list of logits,
-the main one first, at the input size; results are mapped back to the label
-size by undoing the transforms recorded in ``trans_info``. Before a model
-runs, the memory its attention maps will take is checked against the memory
-available (:func:`psanet.deploy.attention_memory.check_attention_memory`). Why this is not
-``paddleseg.core.infer``: docs/design.md.
+Models return a list of logits, the main one first, at the input size; results are mapped
+back to the label size by undoing the transforms recorded in ``trans_info``. The attention
+maps' memory is checked before a model runs. Why this is not ``paddleseg.core.infer``:
+docs/design.md.
 """
 import collections.abc
 import math
@@ -25,17 +23,9 @@ __all__ = ['reverse_transform', 'slide_windows', 'slide_inference', 'inference',
 
 
 def reverse_transform(logit, trans_info, mode='bilinear'):
-    """Undoes the recorded resizes and paddings, last first.
-
-    Args:
-        logit (Tensor): [N, C, H, W] at the network input size.
-        trans_info (list): one sample's ``[(op, [h, w]), ...]`` as the transforms recorded it,
-            each size being the image size *before* that op.
-        mode (str, optional): interpolation mode for 'resize'. Default: 'bilinear'.
-
-    Returns:
-        Tensor: [N, C, h0, w0], the size of the image as read (and of its label).
-    """
+    """Undoes the recorded resizes and paddings, last first: [N, C, H, W] at the network input
+    size -> the size of the image as read. ``trans_info``: one sample's ``[(op, [h, w]), ...]``,
+    each size the image's *before* that op."""
     for op, size in reversed(list(trans_info)):
         h, w = int(size[0]), int(size[1])
         if op == 'resize':
@@ -68,18 +58,8 @@ def _main_logit(model, x):
 
 
 def slide_windows(height, width, crop_size, stride):
-    """Window boxes covering an image, the last row/column flush with the border.
-
-    Args:
-        height (int): image height.
-        width (int): image width.
-        crop_size (tuple): (w, h) of a window, positive ints.
-        stride (tuple): (w, h) step between windows, positive and at most crop_size
-            (as :class:`InferenceOptions` checks them).
-
-    Returns:
-        list: ``(y1, y2, x1, x2)`` boxes, row by row.
-    """
+    """``(y1, y2, x1, x2)`` window boxes covering an image, row by row, the last row and column
+    flush with the border; crop_size and stride are (w, h), as InferenceOptions checks them."""
     (crop_w, crop_h), (stride_w, stride_h) = crop_size, stride
     rows = max(math.ceil((height - crop_h) / stride_h), 0) + 1
     cols = max(math.ceil((width - crop_w) / stride_w), 0) + 1
@@ -93,17 +73,8 @@ def slide_windows(height, width, crop_size, stride):
 
 
 def slide_inference(model, image, crop_size, stride):
-    """Logits from overlapping windows, each pixel the mean over the windows covering it.
-
-    Args:
-        model (paddle.nn.Layer): segmentation model.
-        image (Tensor): [N, C, H, W].
-        crop_size (tuple): (w, h) of a window; a window larger than the image is clipped to it.
-        stride (tuple): (w, h) between windows, at most crop_size.
-
-    Returns:
-        Tensor: [N, num_classes, H, W].
-    """
+    """Logits from overlapping windows, each pixel the mean over the windows covering it; a
+    window larger than the image is clipped to it."""
     height, width = int(image.shape[-2]), int(image.shape[-1])
     total = None
     count = np.zeros([1, 1, height, width], dtype='float32')
@@ -116,24 +87,13 @@ def slide_inference(model, image, crop_size, stride):
 
 
 def inference(model, image, trans_info=None, options=None):
-    """Logits of ``image`` at its original size given ``trans_info``, as ``options`` say.
-
-    The whole image or sliding windows; with ``options.aug_eval``, averaged over
-    scales and flips (:func:`aug_inference`).
-
-    Args:
-        model (paddle.nn.Layer): segmentation model in eval mode.
-        image (Tensor): [N, C, H, W] normalised input.
-        trans_info (list, optional): one sample's recorded transforms. Default: None.
-        options (InferenceOptions, optional): Default: the whole image, once.
-
-    Returns:
-        Tensor: [N, num_classes, h, w] logits (mean probabilities with aug_eval and
-        ``aug_combine='softmax'``).
+    """Logits of ``image`` at its original size given ``trans_info``, as ``options`` say
+    (default: the whole image, once); mean probabilities with aug_eval and
+    ``aug_combine='softmax'``.
 
     Raises:
-        InferenceMemoryError: before the model runs, when the attention maps of
-            the largest network input cannot fit in the memory available.
+        InferenceMemoryError: before the model runs, when the attention maps of the largest
+            network input cannot fit in the memory available.
     """
     options = options or InferenceOptions()
     if options.aug_eval:
@@ -173,27 +133,10 @@ def _flip(x, horizontal, vertical):
 def aug_inference(model, image, trans_info=None, options=None):
     """Logits (or probabilities) averaged over ``options``' scales and flips.
 
-    Each scale resizes the input by ``scale`` (bilinear), each flip is undone
-    on the output, and every output is resized back to the input size before
-    averaging; then the recorded transforms are undone. With
-    ``aug_combine='logits'`` this is paddleseg 2.8's ``aug_inference``.
-
-    Args:
-        model (paddle.nn.Layer): segmentation model in eval mode.
-        image (Tensor): [N, C, H, W] normalised input.
-        trans_info (list, optional): one sample's recorded transforms. Default: None.
-        options (InferenceOptions, optional): scales, flips, windows and
-            ``aug_combine`` ('logits' averages the logits, 'softmax' their softmax);
-            ``aug_eval`` itself is not read. Default: scale 1.0, no flip.
-
-    Returns:
-        Tensor: [N, num_classes, h, w] mean logits, or mean probabilities with
-        ``aug_combine='softmax'``.
-
-    Raises:
-        InferenceMemoryError: before the model runs, when the attention maps of
-            the largest network input (scale, or window) cannot fit in the
-            memory available.
+    Each scale resizes the input (bilinear), each flip is undone on the output, and every
+    output is resized back to the input size before averaging; then the recorded transforms
+    are undone. With ``aug_combine='logits'`` this is paddleseg 2.8's ``aug_inference``;
+    ``options.aug_eval`` itself is not read. Raises InferenceMemoryError as :func:`inference`.
     """
     options = options or InferenceOptions()
     scales = list(options.scales)

@@ -32,20 +32,10 @@ def _count(values, keep, length):
 
 
 def class_areas(pred, label, num_classes, ignore_index=255):
-    """Intersection, prediction and label pixel counts per class, of the pixels whose label
-    is not ``ignore_index``: class i's intersection counts label i predicted as i, its
-    prediction area every prediction of i (a label outside the classes included), its label
-    area label i.
-
-    Args:
-        pred (Tensor | np.ndarray): predicted class ids, any shape ([N, 1, H, W] in evaluation).
-        label (Tensor | np.ndarray): ground truth with as many pixels.
-        num_classes (int): number of classes.
-        ignore_index (int, optional): Default: 255.
-
-    Returns:
-        np.ndarray: int64 [3, num_classes]: intersection, prediction, label areas.
-    """
+    """int64 [3, num_classes] intersection, prediction and label pixel counts per class, of the
+    pixels whose label is not ``ignore_index``: class i's intersection counts label i
+    predicted as i, its prediction area every prediction of i (a label outside the classes
+    included), its label area label i."""
     pred, label = _flat_int64(pred, label, 'class_areas')
     scored = label != ignore_index
     return np.stack([_count(label, scored & (pred == label), num_classes),
@@ -54,23 +44,10 @@ def class_areas(pred, label, num_classes, ignore_index=255):
 
 
 def confusion_matrix(pred, label, num_classes, ignore_index=255):
-    """Pixel counts of each (ground truth, prediction) pair of classes.
-
-    The areas of :func:`class_areas` are its diagonal (intersection), column
-    sums (prediction) and row sums (label) wherever labels are ``ignore_index``
-    or a class id, as ``validate_dataset`` makes them before evaluation.
-
-    Args:
-        pred (Tensor | np.ndarray): predicted class ids, any shape.
-        label (Tensor | np.ndarray): ground truth with as many pixels.
-        num_classes (int): number of classes C.
-        ignore_index (int, optional): label value counted nowhere. Default: 255.
-
-    Returns:
-        np.ndarray: int64 [C, C], rows = ground truth, columns = prediction; pixels
-        whose label is ``ignore_index`` or whose label or prediction is not in
-        0..C-1 are left out.
-    """
+    """int64 [C, C] pixel counts of each (ground truth row, prediction column) pair of classes;
+    pixels whose label is ``ignore_index`` or whose label or prediction is not in 0..C-1 are
+    left out. The areas of :func:`class_areas` are its diagonal, column and row sums wherever
+    labels are ``ignore_index`` or a class id, as ``validate_dataset`` makes them."""
     pred, label = _flat_int64(pred, label, 'confusion_matrix')
     valid = ((label != ignore_index) & (label >= 0) & (label < num_classes) &
              (pred >= 0) & (pred < num_classes))
@@ -79,15 +56,9 @@ def confusion_matrix(pred, label, num_classes, ignore_index=255):
 
 
 def summarize(areas):
-    """PaddleSeg's metrics from summed areas.
-
-    Args:
-        areas (np.ndarray): [3, num_classes] intersection, prediction and label areas.
-
-    Returns:
-        dict: ``miou``, ``acc``, ``kappa``, ``mdice`` (floats) and ``class_iou``,
-        ``class_precision``, ``class_recall``, ``class_dice`` (arrays).
-    """
+    """PaddleSeg's metrics from summed [3, num_classes] areas: ``miou``, ``acc``, ``kappa``,
+    ``mdice`` (floats) and ``class_iou``, ``class_precision``, ``class_recall``,
+    ``class_dice`` (arrays)."""
     intersect, pred, label = (paddle.to_tensor(np.asarray(a, dtype='int64')) for a in areas)
     class_iou, miou = seg_metrics.mean_iou(intersect, pred, label)
     acc, class_precision, class_recall = seg_metrics.class_measurement(intersect, pred, label)

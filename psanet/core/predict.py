@@ -1,17 +1,10 @@
 """Prediction on image files with the dygraph model: colour-coded masks and overlays, like
 PaddleSeg's predict.py.
 
-For every input image it writes, keeping the image's path relative to
-``--image_path`` (a folder, a list file, or the file name of a single image),
-the pseudo-colour PNG and the overlay of :func:`psanet.contract.save_prediction`
-(Cityscapes colours for the 19 Cityscapes classes). The model runs as a
-:class:`DygraphRunner` inside the API's :class:`psanet.deploy.pipeline.Pipeline`
-(the one preprocessing and postprocessing), over the files of
-:func:`psanet.deploy.infer_images.segment_files`, the loop deploy/python/infer.py runs.
-
-An image that cannot be read is reported and skipped; the others are still
-predicted, and the run ends with :class:`~psanet.errors.UnreadableImagesError`
-naming the skipped ones.
+The model runs as a :class:`DygraphRunner` inside the API's
+:class:`psanet.deploy.pipeline.Pipeline`, over the files of
+:func:`psanet.deploy.infer_images.segment_files`, the loop deploy/python/infer.py runs. An
+image that cannot be read is skipped; the run ends with UnreadableImagesError naming it.
 """
 import dataclasses
 import os
@@ -35,17 +28,9 @@ __all__ = ['DygraphRunner', 'load_model', 'dygraph_runner', 'predict', 'predict_
 
 
 class DygraphRunner:
-    """The dygraph model as a :class:`~psanet.deploy.pipeline.Pipeline` runner.
-
-    ``run(batch)`` gives float32 ``[N, C, H, W]`` logits at the batch's size (mean
-    probabilities with ``aug_combine='softmax'``) from :func:`psanet.core.inference.inference`:
-    the whole image or sliding windows, averaged over scales and flips as ``options``
-    say, the attention memory checked before the model runs, fp16 autocast on a GPU.
-
-    Args:
-        model (paddle.nn.Layer): The model with its weights loaded; put in eval mode.
-        options (InferenceOptions, optional): Default: the whole image, once, fp32.
-    """
+    """The dygraph model (weights loaded) as a :class:`~psanet.deploy.pipeline.Pipeline` runner:
+    ``run(batch)`` gives float32 ``[N, C, H, W]`` logits at the batch's size from
+    :func:`psanet.core.inference.inference`, as ``options`` say."""
 
     def __init__(self, model, options=None):
         self.model = model
@@ -70,16 +55,8 @@ def load_model(cfg, model_path, logger=None):
 
 def dygraph_runner(config, model_path, inference_options=None, device=DEFAULT_DEVICE):
     """``(DygraphRunner, val transforms)`` of a checkpoint, for ``psanet.Segmenter.from_config``
-    with ``backend='dygraph'``.
-
-    Args:
-        config (str): The training config.
-        model_path (str): model.pdparams or a checkpoint folder.
-        inference_options (InferenceOptions|dict, optional): How each batch is inferred; a
-            dict of InferenceOptions fields goes over the config's test_config, as
-            predict.py's flags do. Default: the config's test_config.
-        device (str, optional): 'cpu' or 'gpu'; None: the GPU when Paddle sees one.
-    """
+    with ``backend='dygraph'``; ``inference_options`` as a dict goes over the config's
+    test_config, as predict.py's flags do."""
     set_device(device)
     resolve_weights_path(model_path)  # a wrong path fails before any building
     cfg = load_config(config)
@@ -98,26 +75,12 @@ def dygraph_runner(config, model_path, inference_options=None, device=DEFAULT_DE
 
 def predict(model, transforms, image_list, save_dir='output/result', options=None, colors=None,
             logger=None):
-    """Predicts every image of ``image_list`` (this rank's share) and writes both outputs.
-
-    Args:
-        model (paddle.nn.Layer): the model with its weights loaded.
-        transforms (list): the val transforms (paddleseg transform objects).
-        image_list (list): ``(image path, relative output path)`` from
-            :func:`psanet.contract.get_image_list`.
-        save_dir (str, optional): output root. Default: 'output/result'.
-        options (InferenceOptions, optional): how each image is inferred (windows,
-            scales and flips). Default: the whole image.
-        colors (list, optional): flat palette from :func:`psanet.contract.color_map`.
-            Default: Cityscapes colours.
-        logger (logging.Logger, optional): Default: the 'psanet' logger.
-
-    Returns:
-        list: ``(pseudo colour path, overlay path)`` written by this rank.
+    """Predicts this rank's share of ``image_list`` (from :func:`psanet.contract.get_image_list`)
+    and writes both outputs; returns the ``(pseudo colour path, overlay path)`` written.
 
     Raises:
-        UnreadableImagesError: after every readable image is written, when some
-            could not be read (each is also logged as it is skipped).
+        UnreadableImagesError: after every readable image is written, when some could not be
+            read (each is also logged as it is skipped).
         InferenceMemoryError: before an image too large for the memory runs.
     """
     logger = logger or get_logger()
@@ -142,22 +105,9 @@ def predict(model, transforms, image_list, save_dir='output/result', options=Non
 
 def predict_from_config(config, model_path, image_path, save_dir='output/result',
                         device=DEFAULT_DEVICE, custom_color=None, opts=None, **flags):
-    """predict.py: builds the model from ``config``, loads ``model_path``, predicts ``image_path``.
-
-    Args:
-        config (str): the config file.
-        model_path (str): model.pdparams or a checkpoint folder.
-        image_path (str): an image, a folder of images, or a list file.
-        save_dir (str, optional): output root. Default: 'output/result'.
-        device (str, optional): 'cpu' or 'gpu'; None: the GPU when Paddle sees one.
-        custom_color (list, optional): r g b values for classes 0, 1, ... Default: None.
-        opts (list, optional): ``key=value`` config overrides. Default: None.
-        **flags: predict.py's inference flags (``aug_eval`` from --aug_pred, ``scales``, ... see
-            :class:`InferenceOptions`); None, or absent, takes the config's test_config.
-
-    Returns:
-        list: the written ``(pseudo colour path, overlay path)`` pairs of this rank.
-    """
+    """predict.py (its flags by name; None takes the config's test_config): builds the model,
+    loads the weights, predicts; returns the ``(pseudo colour path, overlay path)`` pairs of
+    this rank."""
     set_device(device)
     dist.init_parallel()
     logger = get_logger()

@@ -1,11 +1,8 @@
 """Training loop: steps, evaluation, atomic checkpoints, exact resume, multi-process and fp16.
 
-:func:`train` runs built components in a :class:`~psanet.core.run_folder.RunFolder`,
-which holds the run's options and owns its save_dir (resume, saves, best model);
-:func:`train_from_config` is train.py's work: it builds the options, opens the folder,
-builds the components from the config and calls :func:`train`. Log lines:
-:mod:`psanet.core.train_log`. What it adds to paddleseg 2.8.0's ``core.train``:
-docs/design.md.
+:func:`train` runs built components in a :class:`~psanet.core.run_folder.RunFolder`, which
+owns the save_dir; :func:`train_from_config` is train.py's work. What it adds to paddleseg
+2.8.0's ``core.train``: docs/design.md.
 """
 import os
 import shlex
@@ -35,16 +32,8 @@ __all__ = ['train', 'train_from_config', 'loss_terms', 'iteration_seed', 'resume
 
 
 def loss_terms(logits, label, losses):
-    """The weighted loss terms, one per logit (a MixedLoss gives several).
-
-    Args:
-        logits (list): the model's logits, main first.
-        label (Tensor): int64 [N, H, W].
-        losses (dict): ``{'types': [...], 'coef': [...]}`` from the config.
-
-    Returns:
-        list: 0-D tensors ``coef_i * loss_i(logit_i, label)``.
-    """
+    """``coef_i * loss_i(logit_i, label)`` for each logit (main first), 0-D tensors; a
+    MixedLoss gives several."""
     types, coefs = losses['types'], losses['coef']
     if len(logits) != len(types):
         raise ConfigError(
@@ -122,27 +111,16 @@ class _Step(NamedTuple):
 
 
 def train(model, train_dataset, optimizer, losses, folder, val_dataset=None):
-    """Trains ``model`` for ``folder.options.iters`` iterations.
-
-    Args:
-        model (paddle.nn.Layer): the model; ``optimizer`` must hold its parameters.
-        train_dataset (paddle.io.Dataset): a paddleseg dataset in 'train' mode.
-        optimizer (paddle.optimizer.Optimizer): with an LR scheduler as learning rate.
-        losses (dict): ``{'types': [...], 'coef': [...]}``, one type per logit.
-        folder (RunFolder): the open save_dir (``with RunFolder(options) as folder:``),
-            with the run's TrainOptions: iters, batch_size, intervals, seed, precision, ...
-        val_dataset (paddle.io.Dataset, optional): evaluated every save_interval
-            (mIoU and validation loss) as ``options.evaluation`` says; the best model
-            goes to best_model/. Default: None.
+    """Trains ``model`` for ``folder.options.iters`` iterations in the open ``folder``
+    (``with RunFolder(options) as folder:``); ``val_dataset`` is evaluated every
+    save_interval, the best model kept in best_model/.
 
     Returns:
-        dict: ``losses`` (the global mean total loss of every iteration run here),
-        ``loss_terms`` (per term), ``local_losses`` (this rank's totals), ``start_iter``,
-        ``last_checkpoint``, ``best_miou``, ``best_iter``, ``evals`` ([(iteration, result)])
-        and ``seed`` (the one used, as saved in the checkpoints).
+        dict: :meth:`RunState.result`: ``losses`` (the mean over ranks of every iteration run
+        here), ``local_losses`` (this rank's), ``evals`` ([(iteration, result)]), the seed
+        used, ...
 
     Raises:
-        CheckpointError: when the checkpoint to resume does not fit the model.
         Interrupted: after the step in which Ctrl-C or SIGTERM came (recorded within
             ``psanet.interrupts.stop_at_boundaries``, as under ``run_cli``), once its
             checkpoint is saved; the message names it.
@@ -154,7 +132,6 @@ def train(model, train_dataset, optimizer, losses, folder, val_dataset=None):
 
 
 def _train(model, train_dataset, optimizer, losses, folder, val_dataset, logger):
-    """:func:`train` with the 'psanet' logger also writing train.log."""
     options = folder.options
     if options.config is not None:
         logger.info(f'Config {options.config}; Paddle {paddle.__version__}, device '
@@ -196,11 +173,7 @@ def _train(model, train_dataset, optimizer, losses, folder, val_dataset, logger)
 
 
 def _train_loop(run, state):
-    """The iterations from ``state.iteration`` to ``run.options.iters``.
-
-    Each is a step; every log_iters (and the last) ends with a log line, every
-    save_interval (and the last) with an evaluation and a checkpoint.
-    """
+    """The iterations from ``state.iteration`` to ``run.options.iters``."""
     options = run.options
     averager = Averager()
     batch_start = time.time()
@@ -253,12 +226,8 @@ def _mixed_precision_setup(model, optimizer, options, saved, logger):
 
 
 def _train_step(run, state, data, epoch):
-    """Forward, backward and optimizer step on one batch, at ``state.iteration``.
-
-    Raises:
-        TrainingError: when a loss term (the mean over ranks) is NaN or Inf; nothing is
-            stepped then.
-    """
+    """Forward, backward and optimizer step on one batch; a NaN or Inf loss term (the mean
+    over ranks) raises TrainingError before anything is stepped."""
     paddle.seed(iteration_seed(state.seed, state.iteration, dist.rank()))
     with autocast(run.options.precision, run.options.amp_level):
         logits = run.runner(data['img'])
@@ -296,11 +265,8 @@ def _not_finite_error(mean_terms, state, epoch, save_interval):
 
 
 def _evaluate_and_checkpoint(run, state):
-    """Evaluates (with a val_dataset), keeps the best model, saves iter_<iteration>.
-
-    Returns:
-        bool: True when a signal abandoned the evaluation (the checkpoint is saved).
-    """
+    """Evaluates (with a val_dataset), keeps the best model, saves iter_<iteration>; True
+    when a signal abandoned the evaluation."""
     # Plain BatchNorm statistics differ per process: evaluate and save rank 0's,
     # and let every rank continue from them, as a resumed run does.
     dist.broadcast_buffers(run.model)
@@ -383,20 +349,8 @@ def _evaluate(run, state):
 
 
 def train_from_config(config, learning_rate=None, opts=None, **flags):
-    """train.py: builds the options and the components from ``config`` and calls :func:`train`.
-
-    Args:
-        config (str): the config file.
-        learning_rate (float, optional): overrides lr_scheduler.learning_rate. Default: None.
-        opts (list, optional): ``key=value`` config overrides. Default: None.
-        **flags: train.py's other flags, by name (see
-            :meth:`TrainOptions.from_config`): ``iters`` and ``batch_size`` override
-            the config's when given; ``do_eval`` evaluates every save_interval and
-            keeps best_model/.
-
-    Returns:
-        dict: the result of :func:`train`.
-    """
+    """train.py (its flags by name): builds the options and the components from the config
+    file and returns :func:`train`'s result."""
     cfg = load_config(config, learning_rate=learning_rate, opts=opts)
     options = TrainOptions.from_config(cfg, **flags)  # checked before anything is built or written
     options.check_schedule()

@@ -14,24 +14,11 @@ __all__ = ['format_batch_size', 'format_eta', 'Averager', 'log_interval', 'log_e
 
 
 def format_batch_size(batch_size, world_size, recipe_batch_size=None, unit='card'):
-    """How many images a step takes, for the start-of-training log line.
-
-    One process: ``batch_size B x 1 process(es)``. More: batch_size is per
-    process, so W processes take B x W images a step, not the B a config's
-    recipe (written for one card) assumes; the line says so and which
-    ``--batch_size`` gives the recipe's step.
-
-    Args:
-        batch_size (int): images per process and step.
-        world_size (int): processes.
-        recipe_batch_size (int, optional): images per step the config's recipe
-            assumes (the config file's batch_size); None leaves the comparison out.
-        unit (str, optional): what a process runs on, 'card' or 'process'. Default: 'card'.
-
-    Returns:
-        str: e.g. ``batch_size 8 per card x 4 cards = 32 images per step; the config's
-        recipe assumes 8 per step on one card: use --batch_size 2 for it``.
-    """
+    """How many images a step takes, for the start-of-training log line: batch_size is per
+    process, so W processes take B x W images a step, not the B a config's recipe (written for
+    one card, ``recipe_batch_size``) assumes; the line says so and which ``--batch_size`` gives
+    the recipe's step, e.g. ``batch_size 8 per card x 4 cards = 32 images per step; the
+    config's recipe assumes 8 per step on one card: use --batch_size 2 for it``."""
     if world_size == 1:
         return f'batch_size {batch_size} x {world_size} process(es)'
     units = unit + ('es' if unit.endswith('s') else 's')

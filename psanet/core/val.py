@@ -1,12 +1,9 @@
 """Evaluation: mIoU, Acc, Kappa, Dice and per-class IoU / precision / recall, on one or more ranks.
 
-Each rank evaluates its share of the images (rank r: r, r + world, ...); the
-per-class intersection / prediction / label areas are summed over ranks, so a
-distributed run reports exactly the single-process numbers. With
-``save_dir`` the predictions are also written as PNGs: Cityscapes label ids
-named ``<city>_<seq>_<frame>_labelIds.png`` for the official evaluator
-(``CITYSCAPES_RESULTS=<save_dir> python tools/evaluate_cityscapes.py``), or the
-raw class ids for other datasets.
+Each rank evaluates its share of the images; the per-class areas are summed over ranks, so
+a distributed run reports exactly the single-process numbers. With ``save_dir`` the
+predictions are also written as PNGs: Cityscapes label ids for the official evaluator
+(tools/evaluate_cityscapes.py), or the raw class ids for other datasets.
 """
 import os
 import signal
@@ -39,14 +36,9 @@ IMAGE_STEM_SUFFIX = os.path.splitext(IMAGE_SUFFIX)[0]
 
 
 def prediction_file_name(image_path, dataset):
-    """Output path, relative to save_dir, of an image's prediction.
-
-    Cityscapes images keep their ``<city>/`` folder and
-    ``<city>_<seq>_<frame>_leftImg8bit.png`` becomes
-    ``<city>_<seq>_<frame>_labelIds.png``, which the official evaluator
-    matches by its ``<city>_<seq>_<frame>*.png`` pattern. Other datasets keep
-    the image's path below dataset_root, with a .png suffix.
-    """
+    """Output path, relative to save_dir, of an image's prediction: for Cityscapes
+    ``<city>/<city>_<seq>_<frame>_labelIds.png``, which the official evaluator matches by its
+    ``<city>_<seq>_<frame>*.png`` pattern; else the image's path below dataset_root, as .png."""
     root = getattr(dataset, 'dataset_root', None) or os.path.dirname(image_path)
     image_root = os.path.join(root, 'leftImg8bit', str(getattr(dataset, 'mode', '')))
     base = image_root if os.path.isdir(image_root) else root
@@ -71,14 +63,8 @@ def _write_prediction(pred, image_path, dataset, save_dir):
 
 
 def format_report(result, names=None):
-    """PaddleSeg's [EVAL] summary line for a result of :func:`evaluate`, then a table of
-    each class's IoU, precision and recall by name.
-
-    Args:
-        result (dict): from :func:`evaluate`.
-        names (list, optional): the class names. Default: :func:`class_names` of the
-            class count (Cityscapes' for 19).
-    """
+    """PaddleSeg's [EVAL] summary line for a result of :func:`evaluate`, then a table of each
+    class's IoU, precision and recall by name (default: :func:`class_names` of the count)."""
     lines = ['[EVAL] #Images: {} mIoU: {:.4f} Acc: {:.4f} Kappa: {:.4f} Dice: {:.4f}'.format(
         result['num_images'], result['miou'], result['acc'], result['kappa'], result['mdice'])]
     if result.get('loss') is not None:
@@ -94,26 +80,15 @@ def format_report(result, names=None):
 
 
 def evaluate(model, dataset, options=None, losses=None, logger=None):
-    """Evaluates ``model`` on ``dataset`` (this rank's share; areas summed over ranks).
+    """Evaluates ``model`` (not a DataParallel wrapper) on this rank's share of ``dataset``.
 
-    Args:
-        model (paddle.nn.Layer): the model (not a DataParallel wrapper).
-        dataset (paddle.io.Dataset): a paddleseg dataset in 'val' mode.
-        options (EvalOptions, optional): how each image is inferred (``inference``:
-            windows, scales and flips, precision), DataLoader workers, where the
-            predictions go, whether to print the detail. Default: ``EvalOptions()``,
-            the whole image in fp32.
-        losses (dict, optional): the training losses; when given (and not
-            aug_eval) the validation loss of the main logit (its coef times its
-            loss, averaged over images) is reported too. Default: None.
-        logger (logging.Logger, optional): Default: the 'psanet' logger.
+    With ``losses`` (and not aug_eval) the validation loss of the main logit is reported too.
 
     Returns:
         dict: ``num_images``, ``miou``, ``acc``, ``kappa``, ``mdice``, ``class_iou``,
-        ``class_precision``, ``class_recall``, ``class_dice``, ``areas`` ([3, C]
-        summed over ranks), ``confusion_matrix`` ([C, C] pixel counts, rows the
-        ground truth, columns the prediction, summed over ranks) and ``loss``
-        (None unless computed).
+        ``class_precision``, ``class_recall``, ``class_dice``, ``areas`` ([3, C]),
+        ``confusion_matrix`` ([C, C] pixel counts, rows the ground truth), both summed over
+        ranks, and ``loss`` (None unless computed).
     """
     logger = logger or get_logger()
     options = options or EvalOptions()
@@ -189,22 +164,8 @@ def evaluate(model, dataset, options=None, losses=None, logger=None):
 
 
 def evaluate_from_config(config, model_path, opts=None, device=DEFAULT_DEVICE, **flags):
-    """val.py: builds the model and val dataset from ``config``, loads ``model_path`` and evaluates.
-
-    Args:
-        config (str): the config file.
-        model_path (str): model.pdparams or a checkpoint folder.
-        opts (list, optional): ``key=value`` config overrides. Default: None.
-        device (str, optional): 'cpu' or 'gpu'; None: the GPU when Paddle sees one.
-            Default: None.
-        **flags: val.py's other flags, by field name: ``num_workers``,
-            ``save_dir`` (see :class:`EvalOptions`) and the inference flags
-            (``aug_eval``, ``scales``, ... see :class:`InferenceOptions`; None, or
-            absent, takes the config's test_config).
-
-    Returns:
-        dict: the result of :func:`evaluate`.
-    """
+    """val.py (its flags by field name; None takes the config's test_config): builds the model
+    and val dataset, loads the weights and returns :func:`evaluate`'s result."""
     cfg = load_config(config, opts=opts)
     options = EvalOptions.from_flags(flags, cfg.dic.get('test_config'))
     set_device(device)

@@ -31,31 +31,13 @@ __all__ = ['visualize_attention', 'visualize_attention_from_config']
 
 
 def visualize_attention(model, image, points, transforms, colors=None, names=None, title=''):
-    """The attention figures of ``points`` on one image: one per point, and a sheet of all.
+    """The attention figures of ``points`` (``(x, y)`` pixels or ``'x,y'`` strings) on one BGR
+    image: ``(figures, sheet)``, a BGR uint8 image per point and all of them stacked.
 
-    Runs the model once on the image (through the val ``transforms``, whole
-    image) with :func:`psanet.visualize.attention.capture_attention`, maps each
-    point to its cell of each branch's map
-    (:class:`psanet.visualize.attention.MapGeometry`) and draws the figures
-    (:func:`psanet.visualize.attention.attention_figures`).
-
-    Args:
-        model (PSANet): with its weights.
-        image (np.ndarray): the BGR uint8 image as read.
-        points (list): ``(x, y)`` pixels of ``image`` (or ``'x,y'`` strings).
-        transforms (list): the val transforms (paddleseg transform objects).
-        colors (list, optional): flat palette (:func:`psanet.contract.color_map`).
-            Default: paddleseg's default palette.
-        names (list, optional): class names. Default:
-            :func:`psanet.visualize.charts.class_names`.
-        title (str, optional): starts the line above each figure, e.g. the image's name.
-
-    Returns:
-        tuple: ``(figures, sheet)``: a BGR uint8 image per point, and all of them
-        stacked (a row per point).
-
-    Raises:
-        ConfigError: a point outside the image, or a model without PSA branches.
+    Runs the model once on the whole image through the val ``transforms`` with
+    :func:`psanet.visualize.attention.capture_attention`, maps each point to its cell of each
+    branch's map and draws the figures. A point outside the image, or a model without PSA
+    branches, is a ConfigError.
     """
     points = parse_points(points)
     check_points(points, image.shape[:2], title)
@@ -93,24 +75,9 @@ def _read_image(image_path):
 
 def visualize_attention_from_config(config, model_path, image_path, points, save_dir,
                                     device=None, opts=None, psa_impl=None):
-    """tools/visualize_attention.py: the attention figures of ``points`` on one image.
-
-    Writes ``<save_dir>/<image stem>_attention_x<x>_y<y>.png`` per point and
-    ``<save_dir>/<image stem>_attention_sheet.png`` with all of them.
-
-    Args:
-        config (str): the config the weights were trained with.
-        model_path (str): model.pdparams or a checkpoint folder.
-        image_path (str): one image.
-        points (list): ``'x,y'`` strings (or pairs) in image pixels.
-        save_dir (str): output folder (made when missing).
-        device (str, optional): 'cpu' or 'gpu'; None: gpu when there is one.
-        opts (list, optional): ``key=value`` config overrides.
-        psa_impl (str, optional): 'custom' or 'paddle' PSA mask op. Default: 'custom'.
-
-    Returns:
-        list: the written paths, the per-point figures first, the sheet last.
-    """
+    """tools/visualize_attention.py: writes ``<save_dir>/<image stem>_attention_x<x>_y<y>.png``
+    per point and ``<save_dir>/<image stem>_attention_sheet.png``; returns the written paths,
+    the sheet last."""
     set_device(device)
     resolve_weights_path(model_path)  # wrong paths and points fail before any building
     check_save_dir(save_dir)

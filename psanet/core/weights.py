@@ -1,10 +1,8 @@
 """Weights into a model: the file ``--model_path`` names, loaded only when it fits the model.
 
-:func:`load_model_weights` loads a .pdparams file, a checkpoint folder or an http(s) URL
-(:mod:`psanet.weights_download`) into the model built from the config, refusing a file
-whose tensors do not fit it (naming them) or hold NaN or Inf. The reproduction's released
-weights load as they are (converted in memory) or are converted once by
-:func:`convert_reproduction_file`.
+A .pdparams file, a checkpoint folder or an http(s) URL (:mod:`psanet.weights_download`);
+a file whose tensors do not fit the model, or hold NaN or Inf, is refused naming them. The
+reproduction's released weights are converted in memory or once to a file.
 """
 import os
 
@@ -24,13 +22,9 @@ __all__ = ['resolve_weights_path', 'check_state_fits', 'check_finite', 'load_mod
 
 
 def resolve_weights_path(model_path):
-    """``--model_path`` as a weights file: a .pdparams file, a folder holding model.pdparams,
-    or an http(s) URL of either a .pdparams or an archive holding one, downloaded once
-    into the cache (:func:`psanet.weights_download.fetch_weights`).
-
-    Raises:
-        CheckpointError: when neither exists, or the download fails.
-    """
+    """``--model_path`` as a weights file: a .pdparams file, a folder holding model.pdparams, or
+    an http(s) URL of a .pdparams or an archive holding one, downloaded once into the cache;
+    CheckpointError when neither exists, or the download fails."""
     if model_path is None:
         raise CheckpointError('--model_path is required: pass a model.pdparams file, a '
                               'checkpoint folder such as output/best_model, or an http(s) URL.')
@@ -76,18 +70,9 @@ def _mismatch_report(expected, loaded):
 
 
 def check_state_fits(model, loaded, source, fix):
-    """Raises unless ``loaded`` has exactly the keys and shapes of ``model.state_dict()``.
-
-    Args:
-        model (paddle.nn.Layer): the model built from the config.
-        loaded (dict): a state_dict read from a file.
-        source (str): what was read, for the message, e.g. ``weights out/model.pdparams``.
-        fix (str): the last sentence of the message.
-
-    Raises:
-        CheckpointError: naming the mismatching tensors (shape mismatches first, with
-            both shapes), the missing and the unexpected ones.
-    """
+    """Raises CheckpointError unless ``loaded`` has exactly the keys and shapes of
+    ``model.state_dict()``, naming the mismatching tensors (shape mismatches first), then
+    ``source`` (what was read) and ``fix`` (the last sentence)."""
     expected = model.state_dict()
     report = _mismatch_report(expected, loaded)
     if not report:
@@ -122,23 +107,9 @@ def check_finite(state, source):
 
 
 def load_model_weights(model, model_path):
-    """Loads weights into ``model``, refusing any file that does not fit it exactly.
-
-    A file in the layout of the PaddlePaddle reproduction's release is converted
-    in memory (:mod:`psanet.models.reproduction`), with one log line saying so.
-
-    Args:
-        model (paddle.nn.Layer): the model built from the config.
-        model_path (str): a .pdparams file, a checkpoint folder, or an http(s) URL
-            (:func:`resolve_weights_path`).
-
-    Returns:
-        str: the weights file that was loaded.
-
-    Raises:
-        CheckpointError: naming the mismatching parameters when the file is not
-            this model's (another backbone, num_classes, or head).
-    """
+    """Loads weights into ``model``, refusing any file that does not fit it exactly; returns
+    the weights file loaded. A file in the layout of the PaddlePaddle reproduction's release
+    is converted in memory (:mod:`psanet.models.reproduction`), with one log line saying so."""
     path = resolve_weights_path(model_path)
     loaded = load_saved(path, 'weights', 'pass a model.pdparams written by train.py.')
     if not isinstance(loaded, dict):
@@ -156,23 +127,9 @@ def load_model_weights(model, model_path):
 
 
 def convert_reproduction_file(src, dst, config):
-    """Converts the PaddlePaddle reproduction's checkpoint into a model.pdparams of PSANet.
-
-    The model is built from ``config`` (without its pretrained weights) and must
-    take every tensor of ``src`` with the same shape, and nothing else.
-
-    Args:
-        src (str): the reproduction's .pdparams.
-        dst (str): the file to write (its folder is made); written whole or not at all.
-        config (str): the config the weights are for.
-
-    Returns:
-        int: the number of tensors written.
-
-    Raises:
-        CheckpointError: when ``src`` cannot be read, is not in the reproduction's
-            layout, or does not fit the model (naming the first tensor that does not).
-    """
+    """Converts the PaddlePaddle reproduction's checkpoint ``src`` into a model.pdparams ``dst``
+    (written whole) for ``config``'s model, which must take every tensor with the same shape
+    and nothing else; returns the number of tensors written."""
     fix = 'pass the reproduction\'s model.pdparams as --src.'
     check_output_file(dst, '--dst')
     if not os.path.isfile(src):

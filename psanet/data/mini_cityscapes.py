@@ -1,12 +1,9 @@
 """Generates mini Cityscapes: synthetic street scenes in the exact Cityscapes layout and encodings.
 
-All 19 train classes as shapes with their own colour, texture, size and place,
-ignored pixels and instance ids as in the real labels, so that every Cityscapes
-reader (paddleseg's ``Cityscapes``, the official evaluator) reads it unchanged.
-Same seed, same bytes; a smaller dataset is a prefix of a larger one. Why and
-what the scenes hold: docs/design.md. This module seeds each image and writes
-the folders; :mod:`psanet.data.street_scenes` draws the scenes on the canvas of
-:mod:`psanet.data.scene_canvas`.
+All 19 train classes as shapes with their own colour, texture, size and place, ignored
+pixels and instance ids as in the real labels, so that every Cityscapes reader reads it
+unchanged. Same seed, same bytes; a smaller dataset is a prefix of a larger one. Why and
+what the scenes hold: docs/design.md.
 """
 import json
 import os
@@ -103,7 +100,9 @@ def _write(path, array):
 
 
 def generate(root, num_train=40, num_val=10, size=(256, 128), seed=0, cities=None):
-    """Writes mini Cityscapes into ``root`` and returns its summary.
+    """Writes mini Cityscapes into ``root``; returns its summary (also written to
+    ``root/mini_cityscapes.json``): ``root``, ``size``, ``seed``, ``classes`` and per split
+    ``images``, ``cities``, ``class_pixels``, ``ignore_pixels`` and ``class_images``.
 
     Layout, file names and encodings are those of Cityscapes::
 
@@ -114,23 +113,9 @@ def generate(root, num_train=40, num_val=10, size=(256, 128), seed=0, cities=Non
         gtFine/<split>/<city>/<same stem>_gtFine_instanceIds.png     (16-bit: label id, or
             label id * 1000 + instance number on the classes with instances)
 
-    Args:
-        root (str): output folder; a previous mini Cityscapes there is replaced,
-            any other dataset there is an error.
-        num_train (int, optional): train images. Default: 40.
-        num_val (int, optional): val images. Default: 10.
-        size (tuple, optional): (width, height) of every image, at least (32, 16). Default: (256, 128).
-        seed (int, optional): non-negative; the same seed gives byte-identical files. Default: 0.
-        cities (optional): None for three real city names per split, a list of
-            names for both splits, or a dict ``{'train': [...], 'val': [...]}``.
-            Images go to the cities in turn. Default: None.
-
-    Returns:
-        dict: ``root``, ``size``, ``seed``, ``classes`` (the 19 train-class
-        names) and per split ``images``, ``cities`` ({city: images}),
-        ``class_pixels`` (fraction of the split's pixels per class),
-        ``ignore_pixels`` (fraction at 255) and ``class_images`` (images
-        holding each class). Also written to ``root/mini_cityscapes.json``.
+    A previous mini Cityscapes in ``root`` is replaced, any other dataset there is an error.
+    ``size`` is (width, height), at least (32, 16). ``cities``: None for three real city names
+    per split, a list for both splits, or ``{'train': [...], 'val': [...]}``.
     """
     width, height = (int(v) for v in size)
     if width < MIN_SIZE[0] or height < MIN_SIZE[1]:

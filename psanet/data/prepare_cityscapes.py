@@ -1,11 +1,8 @@
 """Prepares the real Cityscapes dataset for training, and maps between its label encodings.
 
-Cityscapes ships polygons (``*_gtFine_polygons.json``) and label-id images
-(``*_gtFine_labelIds.png``, ids 0-33); training uses the 19 train ids
-(``*_gtFine_labelTrainIds.png``, 255 = ignore), and the official evaluator
-reads label ids again. ``prepare_cityscapes`` makes the train-id images,
-``label_ids_to_train_ids`` / ``train_ids_to_label_ids`` convert arrays; both
-directions come from the official table in ``cityscapesscripts.helpers.labels``.
+Training uses the 19 train ids (``*_gtFine_labelTrainIds.png``, 255 = ignore); Cityscapes
+ships polygons and label-id images (ids 0-33), which the official evaluator reads again.
+Both directions come from the official table in ``cityscapesscripts.helpers.labels``.
 """
 import contextlib
 import glob
@@ -60,29 +57,13 @@ def _lookup(table, array, name):
 
 
 def label_ids_to_train_ids(label_ids):
-    """Maps Cityscapes label ids (0-33) to train ids (0-18, 255 for void and unknown ids).
-
-    Args:
-        label_ids (np.ndarray): integer array, any shape, values in [0, 255].
-
-    Returns:
-        np.ndarray: uint8 array of the same shape.
-    """
+    """Maps Cityscapes label ids (0-33) to uint8 train ids (0-18, 255 for void and unknown ids)."""
     return _lookup(LABEL_IDS_TO_TRAIN_IDS, label_ids, 'label_ids_to_train_ids')
 
 
 def train_ids_to_label_ids(train_ids):
-    """Maps train ids (0-18) to Cityscapes label ids, for the official evaluator.
-
-    255 and any other value that is not a train id map to 0 ('unlabeled'),
-    which the evaluator ignores.
-
-    Args:
-        train_ids (np.ndarray): integer array, any shape, values in [0, 255].
-
-    Returns:
-        np.ndarray: uint8 array of the same shape.
-    """
+    """Maps train ids (0-18) to uint8 Cityscapes label ids, for the official evaluator; any other
+    value maps to 0 ('unlabeled'), which the evaluator ignores."""
     return _lookup(TRAIN_IDS_TO_LABEL_IDS, train_ids, 'train_ids_to_label_ids')
 
 
@@ -140,27 +121,17 @@ def _polygons_to_train_ids(json_path):
 
 
 def prepare_cityscapes(root, num_workers=1, overwrite=False, splits=SPLITS, log=print):
-    """Makes ``*_gtFine_labelTrainIds.png`` for every frame of a Cityscapes folder.
+    """Makes ``*_gtFine_labelTrainIds.png`` for every frame of a Cityscapes ``root``.
 
-    For each ``gtFine/<split>/<city>/<frame>``: from ``*_gtFine_polygons.json``
-    with cityscapesscripts' ``json2labelImg`` when present, else from
-    ``*_gtFine_labelIds.png`` through the label table. Files already made are
-    kept unless ``overwrite``.
-
-    Args:
-        root (str): the Cityscapes root, holding ``leftImg8bit/`` and ``gtFine/``.
-        num_workers (int, optional): processes drawing labels. Default: 1.
-        overwrite (bool, optional): remake existing train-id images. Default: False.
-        splits (tuple, optional): the splits to look at. Default: ('train', 'val', 'test').
-        log (callable, optional): takes one progress line; None is silent. Default: print.
+    For each ``gtFine/<split>/<city>/<frame>``: from ``*_gtFine_polygons.json`` with
+    cityscapesscripts' ``json2labelImg`` when present, else from ``*_gtFine_labelIds.png``
+    through the label table. Files already made are kept unless ``overwrite``. ``log`` takes
+    one progress line (None: silent). A wrong layout, nothing found, or a file that cannot be
+    converted is a DatasetError.
 
     Returns:
-        dict: per split, ``images``, ``polygons``, ``label_ids_only``, ``made``,
-        ``kept`` (already there), ``images_without_labels`` and
-        ``labels_without_images`` (lists of '<city>/<frame>').
-
-    Raises:
-        DatasetError: the layout is wrong, nothing is found, or a file cannot be converted.
+        dict: per split, ``images``, ``polygons``, ``label_ids_only``, ``made``, ``kept``,
+        ``images_without_labels`` and ``labels_without_images`` (lists of '<city>/<frame>').
     """
     log = log or (lambda line: None)
     if not is_integer(num_workers, 1):

@@ -1,12 +1,8 @@
 """Checks a segmentation dataset before training, with errors that name the file and the fix.
 
-The engine calls :func:`check_dataset_config` before paddleseg builds a
-dataset and :func:`validate_dataset` before the first iteration (and the
-same for the validation dataset); :func:`check_dataset_root` is the
-Cityscapes-layout part for callers that hold a path. What was read is
-remembered per file in ``<dataset_root>/.psanet_dataset_check.json`` (or
-under ``~/.cache/psanet/dataset_check/``), so a second check reads only the
-files that changed. Why: docs/design.md.
+:func:`check_dataset_config` runs before paddleseg builds a dataset, :func:`validate_dataset`
+before the first iteration. What was read is remembered per file, so a second check reads
+only the files that changed. Why: docs/design.md.
 """
 import concurrent.futures
 import glob
@@ -51,14 +47,8 @@ _RACY_NS = 2 * 10**9
 
 
 def check_dataset_root(root, mode=None):
-    """Raises DatasetError unless ``root`` has the Cityscapes folder layout.
-
-    Args:
-        root (str): the dataset root (``dataset_root`` in the config).
-        mode (str, optional): 'train', 'val' or 'test'; when given, the
-            ``leftImg8bit/<mode>`` and ``gtFine/<mode>`` folders must exist too.
-            Default: None.
-    """
+    """Raises DatasetError unless ``root`` has the Cityscapes folder layout (with ``mode``, its
+    ``leftImg8bit/<mode>`` and ``gtFine/<mode>`` folders too)."""
     if root is not None and os.path.exists(root) and not os.path.isdir(root):
         raise DatasetError(f'dataset root {root} is a file, not a folder: pass the folder that '
                            'holds leftImg8bit/ and gtFine/.')
@@ -89,13 +79,8 @@ def _nested_hint(root):
 
 
 def check_dataset_config(dataset_cfg):
-    """Checks the paths of a ``train_dataset`` / ``val_dataset`` config dict before paddleseg builds it.
-
-    Args:
-        dataset_cfg (dict): the dataset section of a config, with ``type``,
-            ``dataset_root``, ``mode`` and for ``type: Dataset`` the
-            ``train_path`` / ``val_path`` / ``test_path`` list files.
-    """
+    """Checks the paths of a ``train_dataset`` / ``val_dataset`` config section (and for ``type:
+    Dataset`` its list files) before paddleseg builds it."""
     kind = dataset_cfg.get('type')
     root = dataset_cfg.get('dataset_root')
     mode = str(dataset_cfg.get('mode', 'train')).lower()
@@ -121,36 +106,17 @@ def check_dataset_config(dataset_cfg):
 
 def validate_dataset(dataset, num_classes, ignore_index=255, check_labels='all', sample=8,
                      num_workers=None, cache=True):
-    """Checks that every sample of a paddleseg dataset can be read and has valid labels.
+    """Checks that every sample of a paddleseg dataset (anything with ``file_list``) can be read
+    and has valid labels; returns ``{'samples', 'read', 'cached'}`` counts.
 
-    Every image must exist and its header decode (PNG: its chunks' checksums
-    too); every label must decode to a single-channel image of the image's
-    size holding only class ids in ``[0, num_classes)`` or ``ignore_index``.
-    What was read is remembered per file (path, size, modification time), so
-    a later check reads only new or changed files.
-
-    Args:
-        dataset: a paddleseg ``Dataset`` or ``Cityscapes`` (anything with
-            ``file_list``, a list of ``[image_path, label_path]``; optional
-            ``dataset_root`` and ``mode``).
-        num_classes (int): labels must lie in ``[0, num_classes)`` or be ``ignore_index``.
-        ignore_index (int, optional): the label value that is not trained on. Default: 255.
-        check_labels (str, optional): 'all' reads every image and label,
-            'sample' the first and last ``sample`` ones together, 'none' only
-            checks that the files exist. Default: 'all'.
-        sample (int, optional): how many samples 'sample' reads. Default: 8.
-        num_workers (int, optional): threads reading files; None: one per CPU, at most 8.
-            Default: None.
-        cache (bool, optional): remember what was read in ``<dataset_root>/``
-            ``.psanet_dataset_check.json`` (``~/.cache/psanet/dataset_check/`` where the
-            root is read-only) and skip unchanged files. Default: True.
-
-    Returns:
-        dict: ``{'samples': int, 'read': int, 'cached': int}``: the number of
-        samples, how many had a file read and how many were known from the cache.
-
-    Raises:
-        DatasetError: naming the first bad file, the fix, and how many more fail.
+    Every image must exist and its header decode (PNG: its chunks' checksums too); every label
+    must decode to a single-channel image of the image's size holding only class ids in
+    ``[0, num_classes)`` or ``ignore_index``. ``check_labels``: 'all' reads every image and
+    label, 'sample' the first and last ``sample`` ones, 'none' only checks that the files
+    exist. With ``cache`` what was read is remembered per file (path, size, modification time)
+    in ``<dataset_root>/.psanet_dataset_check.json`` (``~/.cache/psanet/dataset_check/`` where
+    the root is read-only), so a later check reads only new or changed files. A bad file is a
+    DatasetError naming the first one, the fix, and how many more fail.
     """
     if check_labels not in _CHECK_LABELS:
         raise ValueError(f'check_labels must be one of {_CHECK_LABELS}, got {check_labels!r}')
@@ -342,19 +308,9 @@ def _sample_problem(image_path, image, label_path, label, num_classes, ignore_in
 
 
 def label_values_error(label_path, values, num_classes, ignore_index=255, root=None):
-    """The error message for a label holding ids outside ``[0, num_classes)``, or None.
-
-    Args:
-        label_path (str): the label file, named in the message.
-        values (array-like): the values the label holds (e.g. ``np.unique(label)``).
-        num_classes (int): valid ids are ``0 .. num_classes - 1``.
-        ignore_index (int, optional): the one other valid value. Default: 255.
-        root (str, optional): the dataset root; a Cityscapes root gets the
-            ``prepare_cityscapes.py`` fix. Default: None.
-
-    Returns:
-        str | None: the message, naming the file, the bad values and the fix.
-    """
+    """The message for a label holding ids outside ``[0, num_classes)`` other than
+    ``ignore_index``, naming the file, the bad values and the fix (``prepare_cityscapes.py``
+    for a Cityscapes ``root``); None when there are none."""
     values = np.asarray(values, dtype=np.int64).ravel()
     bad = values[((values < 0) | (values >= num_classes)) & (values != ignore_index)]
     if not bad.size:

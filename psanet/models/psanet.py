@@ -209,14 +209,11 @@ class PSANet(nn.Layer):
         """The smallest input side the model runs on in every runtime, or None where the
         backbone's geometry is unknown (a backbone other than ResNet_vd).
 
-        Each stride-2 stage of ResNet_vd opens with a 2x2 average pool (the vd
-        shortcut, ceil_mode). Paddle and onnxruntime pool a one-pixel map; OpenVINO
-        refuses it (its kernel is larger than the map) or gives no output. The last
-        such pool sees the input at half the backbone's stride, so a side needs more
-        pixels than that: 5 at output stride 8, 9 at 16, 17 at 32.
-
-        Returns:
-            int | None
+        Each stride-2 stage of ResNet_vd opens with a 2x2 average pool (the vd shortcut,
+        ceil_mode). Paddle and onnxruntime pool a one-pixel map; OpenVINO refuses it (its kernel
+        is larger than the map) or gives no output. The last such pool sees the input at half the
+        backbone's stride, so a side needs more pixels than that: 5 at output stride 8, 9 at 16,
+        17 at 32.
         """
         stride = _resnet_vd_stride(self.backbone, -1)
         if stride is None:
@@ -250,21 +247,8 @@ class PSANet(nn.Layer):
 class PSAHead(nn.Layer):
     """The PSANet head: bi-directional point-wise spatial attention, then a classifier.
 
-    Args:
-        num_classes (int): The number of target classes.
-        backbone_channels (list[int]): Channels of the auxiliary and main backbone features.
-        psa_type (int): 0 collect, 1 distribute, 2 bi-directional (both).
-        mask_h (int): Attention window height.
-        mask_w (int): Attention window width.
-        psa_channels (int): Channels of each branch's reduced feature.
-        shrink_factor (int): Each branch shrinks its reduced feature by this factor
-            before attention; the projection is resized back.
-        normalization_factor (float|None): Aggregation scale 1/normalization_factor;
-            None means mask_h*mask_w.
-        psa_softmax (bool): Softmax the attention over its H*W axis.
-        use_psa (bool): False skips attention (the ablation baseline).
-        compact (bool): One attention channel per absolute position of the shrunk map.
-        enable_auxiliary_loss (bool): Build the auxiliary FCN head.
+    ``backbone_channels``: the channels of the auxiliary and main backbone features; the other
+    arguments are :class:`PSANet`'s (without defaults here).
     """
 
     def __init__(self, num_classes, backbone_channels, psa_type, mask_h, mask_w,
@@ -333,25 +317,13 @@ class PSAHead(nn.Layer):
 
 
 class PSABranch(nn.Layer):
-    """One direction of point-wise spatial attention (collect or distribute).
+    """One direction of point-wise spatial attention (``psa_type`` 0 collect, 1 distribute).
 
-    Reduces the feature, shrinks it to ((H-1)//s+1, (W-1)//s+1), predicts a
-    mask_h x mask_w attention window per position, spreads it to a dense
-    [H*W, H*W] map with the PSA mask op (or reads it directly when compact),
-    optionally softmaxes it over the H*W axis, and aggregates the reduced
-    feature with it.
-
-    Args:
-        in_channels (int): Channels of the input feature.
-        channels (int): Channels of the reduced feature.
-        psa_type (int): 0 collect, 1 distribute.
-        mask_h (int): Attention window height.
-        mask_w (int): Attention window width.
-        shrink_factor (int): Shrink factor s of the map attention runs on.
-        normalization_factor (float): The aggregate is multiplied by its inverse.
-        psa_softmax (bool): Softmax the attention over its H*W axis.
-        compact (bool): One attention channel per absolute position; needs
-            (mask_h, mask_w) equal to the map size.
+    Reduces the feature to ``channels``, shrinks it to ((H-1)//s+1, (W-1)//s+1), predicts a
+    mask_h x mask_w attention window per position, spreads it to a dense [H*W, H*W] map with
+    the PSA mask op (or reads it directly when compact), optionally softmaxes it over the H*W
+    axis, and aggregates the reduced feature with it times 1/normalization_factor. The other
+    arguments are :class:`PSANet`'s.
     """
 
     def __init__(self, in_channels, channels, psa_type, mask_h, mask_w, shrink_factor,

@@ -58,14 +58,7 @@ _FIX = ('the reproduction\'s release fits configs/psanet/psanet_resnet50_os8_cit
 
 
 def is_reproduction_state(state):
-    """Whether ``state`` (a loaded .pdparams) has names only the reproduction's layout has.
-
-    Args:
-        state (object): what paddle.load returned.
-
-    Returns:
-        bool
-    """
+    """Whether a loaded .pdparams has names only the reproduction's layout has."""
     return isinstance(state, dict) and any(
         isinstance(name, str) and name.startswith(_MARKS) for name in state)
 
@@ -98,23 +91,10 @@ def _swap_projection_halves(value):
 def convert_reproduction_state(state, model_state=None, source='the checkpoint'):
     """Renames a state_dict of the reproduction's layout to PSANet's, reordering the projection.
 
-    Args:
-        state (dict): the reproduction's state_dict (numpy arrays or paddle Tensors).
-        model_state (dict, optional): ``model.state_dict()`` of the PSANet the result is
-            for: then every tensor must have its place there with the same shape, and
-            every tensor there must come from ``state``. Default: None, names only.
-        source (str, optional): what ``state`` was read from, for the message.
-            Default: 'the checkpoint'.
-
-    Returns:
-        dict: PSANet's names -> values, in ``model_state``'s order when given. Values
-        are ``state``'s own, except the projection weight of a two-branch model, a
-        new numpy array.
-
-    Raises:
-        CheckpointError: naming the first tensor that does not fit (a name outside
-            the layout, one without a place in the model, another shape, one missing),
-            and how many more do not.
+    With ``model_state`` (the PSANet's ``state_dict()``) every tensor must have its place there
+    with the same shape, and every tensor there must come from ``state``; the result is then in
+    its order. Values are ``state``'s own, except the projection weight of a two-branch model.
+    A tensor that does not fit is a CheckpointError naming the first and how many more.
     """
     bidirectional = any(str(name).startswith(_DISTRIBUTE_MARK) for name in state)
     converted, problems = {}, []
