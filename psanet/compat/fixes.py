@@ -51,11 +51,7 @@ def free_gpu_memory(device):
 @contextlib.contextmanager
 def keep_forward(layer):
     """Puts ``layer.forward`` back as it was after a ``paddle.jit.save`` in the block
-    (JIT_SAVE_FORWARD).
-
-    Args:
-        layer (paddle.nn.Layer): the Layer a saved wrapper calls.
-    """
+    (JIT_SAVE_FORWARD)."""
     missing = object()
     before = layer.__dict__.get('forward', missing)
     try:
@@ -71,13 +67,8 @@ def keep_forward(layer):
 # ----------------------------------------------------------------- data loading
 
 def shut_down_loader(iterator, timeout=5.0):
-    """Ends the worker processes and thread of a DataLoader iterator left early
-    (LOADER_SHUTDOWN).
-
-    Args:
-        iterator: what ``iter(paddle.io.DataLoader(...))`` returned.
-        timeout (float, optional): seconds to wait for each worker to end. Default: 5.
-    """
+    """Ends the worker processes and thread of a DataLoader iterator left early, waiting
+    ``timeout`` seconds for each worker (LOADER_SHUTDOWN)."""
     shut_down = getattr(iterator, '_try_shutdown_all', None)
     if shut_down is None:
         return
@@ -90,22 +81,9 @@ def shut_down_loader(iterator, timeout=5.0):
 # ----------------------------------------------------------------- inference
 
 def configure_inference(config):
-    """Applies every Paddle-version workaround a ``paddle.inference.Config`` needs.
-
-    Call it after choosing the device and oneDNN, just before
-    ``create_predictor``: what it does depends on them.
-
-    * Memory reuse (``enable_memory_optim``) stays off where it fails predictor
-      creation (MEMORY_OPTIM), and is on elsewhere.
-    * With oneDNN on, ``onednn_placement_pass`` is deleted where a saved
-      ``bilinear_interp`` cannot run in oneDNN (ONEDNN_PLACEMENT).
-
-    Args:
-        config (paddle.inference.Config): the predictor's config.
-
-    Returns:
-        paddle.inference.Config: ``config``, changed in place.
-    """
+    """Applies every Paddle-version workaround a ``paddle.inference.Config`` needs, in place,
+    and returns it. Call it after choosing the device and oneDNN, just before
+    ``create_predictor``: what it does depends on them (MEMORY_OPTIM, ONEDNN_PLACEMENT)."""
     config.enable_memory_optim(not MEMORY_OPTIM.needed())
     if config.mkldnn_enabled() and ONEDNN_PLACEMENT.needed():
         config.delete_pass(ONEDNN_PLACEMENT_PASS)

@@ -33,21 +33,10 @@ def require_paddleseg():
 
 
 def cross_entropy_reduction(loss_layer, logit, label, semantic_weights, loss):
-    """The one number a paddleseg ``CrossEntropyLoss`` makes of its pixel losses, in dtypes
-    Paddle 3 accepts (PADDLESEG_CROSS_ENTROPY): the mean pixel loss over the mean class
-    weight of the pixels it counts.
-
-    Args:
-        loss_layer (paddleseg.models.losses.CrossEntropyLoss): its ``ignore_index``,
-            ``avg_non_ignore``, ``weight`` (per class, or None), ``top_k_percent_pixels``, ``EPS``.
-        logit (Tensor): the logits, classes last.
-        label (Tensor): int64 class ids, the logits' shape without the classes.
-        semantic_weights (Tensor | None): a weight per pixel.
-        loss (Tensor): the class-weighted cross entropy of each pixel, 0 where ignored.
-
-    Returns:
-        Tensor: the loss, a float32 scalar.
-    """
+    """The float32 scalar a paddleseg ``CrossEntropyLoss`` makes of its pixel losses, in dtypes
+    Paddle 3 accepts (PADDLESEG_CROSS_ENTROPY): the mean pixel loss over the mean class weight
+    of the pixels it counts. ``loss``: the class-weighted cross entropy of each pixel, 0 where
+    ignored; ``semantic_weights``: a weight per pixel, or None."""
     import paddle
     scored = label != loss_layer.ignore_index
     # The pixels the mean is over: the scored ones, or all of them.
@@ -86,12 +75,8 @@ def quiet_builder_messages():
 
 
 def apply_paddleseg_fixes():
-    """Replaces what this Paddle breaks in paddleseg (PADDLESEG_CROSS_ENTROPY), once, and
-    quiets its builder (BUILDER_YAML).
-
-    Returns:
-        tuple: ``FIXES``, the (owner, attribute, replacement) applied.
-    """
+    """Replaces what this Paddle breaks in paddleseg (PADDLESEG_CROSS_ENTROPY), once, and quiets
+    its builder (BUILDER_YAML); returns ``FIXES``, the (owner, attribute, replacement) applied."""
     from paddleseg.models.losses import CrossEntropyLoss
     candidates = ((PADDLESEG_CROSS_ENTROPY, CrossEntropyLoss, '_post_process_loss',
                    cross_entropy_reduction),)

@@ -31,11 +31,8 @@ def progress_bar(total, enabled=True):
 
 
 def set_device(device=None):
-    """Selects 'cpu' or 'gpu' (None: gpu when Paddle sees one, else cpu) and returns it.
-
-    Raises:
-        ConfigError: for ``gpu`` on a CPU-only Paddle or a machine without a visible GPU.
-    """
+    """Selects 'cpu' or 'gpu' (None: gpu when Paddle sees one, else cpu) and returns it; ``gpu``
+    on a CPU-only Paddle or a machine without a visible GPU is a ConfigError."""
     has_gpu = paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
     if device is None:
         device = 'gpu' if has_gpu else 'cpu'
@@ -71,16 +68,10 @@ def autocast(precision, amp_level='O1'):
 
 
 def to_plain_batchnorm(layer):
-    """Replaces every nn.SyncBatchNorm under ``layer`` by nn.BatchNorm2D sharing its parameters.
-
-    paddleseg's ``layers.SyncBatchNorm`` already builds SyncBatchNorm on
-    multi-GPU runs, so turning synchronisation off means converting back;
-    parameters and statistics are shared, not copied, so an optimizer built
-    before the conversion still updates them.
-
-    Returns:
-        paddle.nn.Layer: ``layer`` (or its replacement when it is a SyncBatchNorm itself).
-    """
+    """Replaces every nn.SyncBatchNorm under ``layer`` (or ``layer`` itself) by nn.BatchNorm2D
+    sharing its parameters, and returns the layer. paddleseg's ``layers.SyncBatchNorm`` builds
+    SyncBatchNorm on multi-GPU runs, so turning synchronisation off means converting back;
+    shared, not copied, so an optimizer built before still updates them."""
     if isinstance(layer, nn.SyncBatchNorm):
         plain = nn.BatchNorm2D(layer._num_features, momentum=layer._momentum,
                                epsilon=layer._epsilon, weight_attr=layer._weight_attr,
