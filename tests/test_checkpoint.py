@@ -54,6 +54,17 @@ def test_save_then_load_round_trip(tmp_path):
     assert not [n for n in os.listdir(tmp_path) if n.startswith('.')]
 
 
+def test_train_state_numbers_of_numpy_and_paddle_are_written_as_plain_json(tmp_path):
+    # LR scheduler states may hold numpy scalars, arrays or tensors: JSON gets plain values.
+    model, _, _ = _model_and_optimizer()
+    state = {'iteration': np.int64(4), 'lr': np.float32(0.5), 'flag': np.bool_(True),
+             'nested': {'steps': (np.arange(3), paddle.to_tensor([1.5, 2.0]))}}
+    path = ckpt.save_checkpoint(str(tmp_path / 'iter_4'), model, state=state)
+    with open(os.path.join(path, ckpt.STATE_FILE)) as f:
+        assert json.load(f) == {'iteration': 4, 'lr': 0.5, 'flag': True,
+                                'nested': {'steps': [[0, 1, 2], [1.5, 2.0]]}}
+
+
 def _failing_save(monkeypatch, fail_on_call):
     real_save = paddle.save
     calls = {'n': 0}
