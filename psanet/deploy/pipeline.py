@@ -23,7 +23,8 @@ from .predictor import (API_ENABLE_MKLDNN, DEFAULT_CPU_THREADS, DEFAULT_DEVICE, 
                         default_cpu_threads)
 from .processing import (check_image_file, check_input_size, image_names, postprocess,
                          preprocess, restore_logits)
-from .backends import create_runner, default_backend
+from .backend_choice import default_runner
+from .backends import create_runner
 
 __all__ = ['Pipeline']
 
@@ -129,14 +130,21 @@ class Pipeline:
     def from_export(cls, path: str, backend: Optional[str] = None, device: str = DEFAULT_DEVICE,
                     cpu_threads: Optional[int] = None, batch_size: int = 1,
                     enable_mkldnn: bool = API_ENABLE_MKLDNN, int8: bool = False,
-                    workdir: Optional[tempfile.TemporaryDirectory] = None) -> Any:
+                    workdir: Optional[tempfile.TemporaryDirectory] = None,
+                    time_backends: Optional[bool] = None) -> Any:
         """The export in ``path`` (deploy.yaml or its folder) in one backend.
 
         Args:
             path (str): deploy.yaml or the folder holding it.
             backend (str, optional): The runtime: 'paddle' (Paddle Inference), 'onnxruntime'
                 or 'openvino'. Default: the fastest installed one that runs the export on
-                ``device`` (:func:`psanet.deploy.backends.default_backend`).
+                ``device``: on the CPU each candidate is timed once on a random batch (the
+                export's input size, else 1024x512; this batch size and thread count), the
+                fastest is logged and remembered in ``~/.cache/psanet/backend_choice.json``
+                (``$PSANET_CACHE_DIR``), so that the next load of the same export, size,
+                batch, threads, backend versions and CPU times nothing; on the GPU, Paddle
+                Inference (:mod:`psanet.deploy.backend_choice`, docs/deploy.md "Which
+                backend by default").
             device (str, optional): 'cpu' or 'gpu'. Default: 'cpu', as infer.py's --device.
             cpu_threads (int, optional): Threads of the backend on the CPU. Default: as
                 infer.py's --cpu_threads, PaddleSeg's 10, or the CPUs this process may use
@@ -148,6 +156,10 @@ class Pipeline:
             int8 (bool, optional): Run the INT8 model the export holds (``export.py
                 --quantize int8``) on the CPU. Default: False.
             workdir (tempfile.TemporaryDirectory, optional): As ``Pipeline``.
+            time_backends (bool, optional): With ``backend`` None on the CPU: False takes
+                the first installed of the fixed order (OpenVINO, onnxruntime, Paddle
+                Inference) without timing. Default: None, True unless the environment
+                variable PSANET_TIME_BACKENDS is 0.
         """
         if int8 and device != 'cpu':
             raise DeployError('the INT8 model runs on the CPU; use device="cpu".')
@@ -158,22 +170,26 @@ class Pipeline:
         deploy = DeployConfig(path)
         options = PredictorOptions(device=device, enable_mkldnn=bool(enable_mkldnn),
                                    cpu_threads=cpu_threads)
-        return cls.from_deploy(deploy, backend, options, bool(int8), batch_size, workdir)
+        return cls.from_deploy(deploy, backend, options, bool(int8), batch_size, workdir,
+                               time_backends)
 
     @classmethod
     def from_deploy(cls, deploy: DeployConfig, backend: Optional[str] = None,
                     options: Optional[PredictorOptions] = None, int8: bool = False,
                     batch_size: int = 1,
-                    workdir: Optional[tempfile.TemporaryDirectory] = None) -> Any:
+                    workdir: Optional[tempfile.TemporaryDirectory] = None,
+                    time_backends: Optional[bool] = None) -> Any:
         """The export ``deploy`` in ``backend`` with every predictor option
         (:class:`psanet.deploy.predictor.PredictorOptions`: TensorRT, precision, ...), as
         deploy/python/infer.py runs it; ``backend`` None picks as ``from_export`` does."""
         options = options or PredictorOptions()
         batch_size = _checked_batch_size(batch_size)  # before a runner is made
         transforms = deploy.build_transforms()
-        backend = backend or default_backend(deploy, options.device, int8)
         attention = deploy.attention_cost
-        runner = create_runner(deploy, backend, options, int8)
+        if backend is None:
+            backend, runner = default_runner(deploy, options, int8, batch_size, time_backends)
+        else:
+            runner = create_runner(deploy, backend, options, int8)
         # The host's memory is checked; a GPU's free memory needs Paddle's CUDA calls.
         return cls(runner, transforms, deploy.output_op, batch_size, backend, deploy,
                    attention if options.device == 'cpu' else None, workdir)
