@@ -4,6 +4,7 @@ slow is certain; test_segmenter.py times the real ones); the choice remembered o
 read back without a run, timed again for another export, size, batch, threads, oneDNN,
 backend version or CPU; a corrupt or unwritable cache one warning line; a named backend, the
 GPU, one candidate and PSANET_TIME_BACKENDS=0 never time."""
+import hashlib
 import json
 import logging
 import os
@@ -103,9 +104,14 @@ def _load(export, monkeypatch, slow, batch_size=1, cpu_threads=1, **options):
     return seg, stand_ins
 
 
-def _cache(tmp_path):
+def _cache(tmp_path, part='choices'):
     with open(tmp_path / 'cache' / backend_choice.CACHE_FILE) as f:
-        return json.load(f)['choices']
+        return json.load(f)[part]
+
+
+def _sha256(path):
+    with open(path, 'rb') as f:
+        return hashlib.sha256(f.read()).hexdigest()
 
 
 @pytest.mark.parametrize('fast', ['onnxruntime', 'paddle', 'openvino'])
@@ -138,13 +144,26 @@ def test_the_fastest_candidate_is_chosen_logged_and_cached(export, tmp_path, mon
 def test_the_next_load_reads_the_choice_and_runs_nothing(export, tmp_path, monkeypatch, logged):
     first, _ = _load(export, monkeypatch, {'openvino', 'paddle'})
     before = _cache(tmp_path)
+    files = {os.path.realpath(os.path.join(export, name)) for name in
+             ('deploy.yaml', 'model.json', 'model.pdiparams')}
+    assert {path: record['sha256'] for path, record in _cache(tmp_path, 'files').items()} == \
+        {path: _sha256(path) for path in files}
+    opened = []
+    monkeypatch.setattr(backend_choice, 'open', lambda path, *a, **k: opened.append(
+        os.path.realpath(path)) or open(path, *a, **k), raising=False)
     seg, stand_ins = _load(export, monkeypatch, {'openvino', 'paddle'})
     assert (first.backend, seg.backend) == ('onnxruntime', 'onnxruntime')
     assert stand_ins.created == ['onnxruntime'] and stand_ins.runs == []
+    assert not files & set(opened), opened  # the files' digests are remembered too
     assert _cache(tmp_path) == before
     assert logged[-1][1].startswith(f'backend onnxruntime for {os.path.abspath(export)} at '
                                     '1x3x32x64, 1 thread(s), the fastest when timed before '
                                     '(onnxruntime '), logged[-1]
+    # A copy of the export elsewhere: its files read once, the choice found by their bytes.
+    copy = linked_export(export, tmp_path / 'copy')
+    seg, stand_ins = _load(copy, monkeypatch, {'openvino', 'paddle'})
+    assert seg.backend == 'onnxruntime' and stand_ins.runs == []
+    assert os.path.join(copy, 'deploy.yaml') in _cache(tmp_path, 'files')
 
 
 @pytest.mark.parametrize('change', ['batch_size', 'size', 'cpu_threads', 'export', 'int8',

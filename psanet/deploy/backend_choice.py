@@ -89,7 +89,24 @@ def _cpu_model():
     return platform.processor() or platform.machine()
 
 
-def _export_digest(deploy, int8, candidates):
+def _file_digest(path, files):
+    """SHA-256 of a file; ``files`` remembers it by real path, size and mtime, so that an
+    unchanged file is read once, not at each load."""
+    real, stat = os.path.realpath(path), os.stat(path)
+    seen = files.get(real)
+    if isinstance(seen, dict) and seen.get('size') == stat.st_size and \
+            seen.get('mtime_ns') == stat.st_mtime_ns and isinstance(seen.get('sha256'), str):
+        return seen['sha256']
+    digest = hashlib.sha256()
+    with open(path, 'rb') as f:
+        for chunk in iter(lambda: f.read(1 << 20), b''):
+            digest.update(chunk)
+    files[real] = {'size': stat.st_size, 'mtime_ns': stat.st_mtime_ns,
+                   'sha256': digest.hexdigest()}
+    return digest.hexdigest()
+
+
+def _export_digest(deploy, int8, candidates, files):
     """SHA-256 (16 hex digits) of deploy.yaml and the model files the candidates read."""
     paths = [deploy.path]
     if 'paddle' in candidates:
@@ -98,18 +115,16 @@ def _export_digest(deploy, int8, candidates):
         paths.append(deploy.onnx_int8 if int8 else deploy.onnx)
     digest = hashlib.sha256()
     for path in paths:
-        if path is None or not os.path.isfile(path):
-            continue  # create_runner names the missing file
-        digest.update(os.path.basename(path).encode() + b'\0')
-        with open(path, 'rb') as f:
-            for chunk in iter(lambda: f.read(1 << 20), b''):
-                digest.update(chunk)
+        if path is not None and os.path.isfile(path):  # else create_runner names it
+            digest.update(f'{os.path.basename(path)} {_file_digest(path, files)}\n'.encode())
     return digest.hexdigest()[:16]
 
 
-def choice_key(deploy, candidates, options, int8, shape):
-    """What the ranking of ``candidates`` depends on, as a dict (the cache's key)."""
-    return {'export': _export_digest(deploy, int8, candidates), 'int8': bool(int8),
+def choice_key(deploy, candidates, options, int8, shape, files=None):
+    """What the ranking of ``candidates`` depends on, as a dict (the cache's key); ``files``
+    as :func:`_file_digest`'s."""
+    files = {} if files is None else files
+    return {'export': _export_digest(deploy, int8, candidates, files), 'int8': bool(int8),
             'input_shape': list(shape), 'cpu_threads': options.cpu_threads,
             'onednn': bool(options.enable_mkldnn) if 'paddle' in candidates else None,
             'backends': {backend: _version(backend) for backend in candidates},
@@ -121,28 +136,28 @@ def _key_digest(key):
 
 
 def _read_cache(path):
-    """The cache's ``{key string: record}``; {} for none, and for an unreadable one after a
-    warning line."""
+    """The cache's ``{'choices': {key digest: record}, 'files': {path: digest record}}``;
+    empty for none, and for an unreadable one after a warning line."""
+    empty = {'choices': {}, 'files': {}}
     if not os.path.exists(path):
-        return {}
+        return empty
     try:
         with open(path, encoding='utf-8') as f:
             data = json.load(f)
         if not isinstance(data, dict) or data.get('version') != _CACHE_VERSION or \
-                not isinstance(data.get('choices'), dict):
+                not all(isinstance(data.get(part), dict) for part in empty):
             raise ValueError('not a backend choice cache of this version')
-        return data['choices']
+        return {part: data[part] for part in empty}
     except (OSError, ValueError) as error:  # JSONDecodeError and UnicodeDecodeError too
         get_logger().warning(f'the backend choice cache {path} cannot be read ({error}): '
                              'timing the backends again; it is rewritten after the timing.')
-        return {}
+        return empty
 
 
-def _write_cache(path, choices):
+def _write_cache(path, cache):
     def write(temporary):
         with open(temporary, 'w', encoding='utf-8') as f:
-            json.dump({'version': _CACHE_VERSION, 'choices': choices}, f, indent=1,
-                      sort_keys=True)
+            json.dump(dict(cache, version=_CACHE_VERSION), f, indent=1, sort_keys=True)
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         write_file_whole(path, write)
@@ -210,16 +225,20 @@ def default_runner(deploy, options, int8=False, batch_size=1, time_backends=None
                            f'the host memory available; running {backend}, the first '
                            f'installed of {list(backends.CPU_ORDER)}.')
             return backend, backends.create_runner(deploy, backend, options, int8)
-    key = choice_key(deploy, candidates, options, int8, shape)
-    digest, path = _key_digest(key), cache_path()
-    choices = _read_cache(path)
-    record = _cached(choices, digest, candidates)
+    path = cache_path()
+    cache = _read_cache(path)
+    files = json.dumps(cache['files'], sort_keys=True)
+    key = choice_key(deploy, candidates, options, int8, shape, cache['files'])
+    digest = _key_digest(key)
+    record = _cached(cache['choices'], digest, candidates)
     what = (f'{deploy.dir}{" (INT8)" if int8 else ""} at {"x".join(map(str, shape))}, '
             f'{options.cpu_threads} thread(s)')
     if record is not None:
         backend = record['backend']
         logger.info(f'backend {backend} for {what}, the fastest when timed before '
                     f'({_describe(record["ms"])}; {path}).')
+        if json.dumps(cache['files'], sort_keys=True) != files:  # a copy of a timed export
+            _write_cache(path, cache)
         return backend, backends.create_runner(deploy, backend, options, int8)
     runners = {backend: backends.create_runner(deploy, backend, options, int8)
                for backend in candidates}
@@ -230,7 +249,7 @@ def default_runner(deploy, options, int8=False, batch_size=1, time_backends=None
     rounds = len(next(iter(times.values())))
     logger.info(f'backend {backend} for {what}, the fastest timed: {_describe(ms)} (median of '
                 f'{rounds} run(s) each after {WARMUP_RUNS} warm-up; remembered in {path}).')
-    choices[digest] = {'key': key, 'backend': backend, 'ms': ms,
-                           'timed_at': time.strftime('%Y-%m-%dT%H:%M:%S')}
-    _write_cache(path, choices)
+    cache['choices'][digest] = {'key': key, 'backend': backend, 'ms': ms,
+                                'timed_at': time.strftime('%Y-%m-%dT%H:%M:%S')}
+    _write_cache(path, cache)
     return backend, runners[backend]
