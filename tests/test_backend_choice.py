@@ -201,7 +201,7 @@ def test_another_size_batch_threads_or_export_is_timed_again(export, tmp_path, m
         monkeypatch.setattr(backend_choice, '_cpu_model', lambda: 'another CPU')
     seg, stand_ins = _load(export, monkeypatch, {'openvino', 'paddle'}, **options)
     assert seg.backend == 'onnxruntime'
-    candidates = ['openvino', 'onnxruntime'] if change == 'int8' else list(backends.CPU_ORDER)
+    candidates = list(backends.INT8_ORDER if change == 'int8' else backends.CPU_ORDER)
     assert stand_ins.created == candidates
     assert len(stand_ins.runs) == len(candidates) * (backend_choice.WARMUP_RUNS +
                                                      backend_choice.TIMED_RUNS)
@@ -243,18 +243,15 @@ def test_an_unwritable_cache_is_one_warning(export, tmp_path, monkeypatch, logge
     assert blocker.read_text() == 'not a folder'
 
 
-@pytest.mark.parametrize('how', ['named', 'time_backends=False', 'PSANET_TIME_BACKENDS=0',
-                                 'gpu', 'one candidate'])
+@pytest.mark.parametrize('how', ['named', 'PSANET_TIME_BACKENDS=0', 'gpu', 'one candidate'])
 def test_no_timing_when_named_off_on_the_gpu_or_alone(export, tmp_path, monkeypatch, logged,
                                                       how):
-    stand_ins = StandIns({'openvino'})  # the fixed order's first is slow: no one may time it
+    want = backends.CPU_ORDER[0]
+    stand_ins = StandIns({want})  # the fixed order's first is slow: no one may time it
     monkeypatch.setattr(backends, 'create_runner', stand_ins.create_runner)
-    want = 'openvino'
     if how == 'named':
         seg = Segmenter.from_export(export, backend='paddle', cpu_threads=1)
         want = 'paddle'
-    elif how == 'time_backends=False':
-        seg = Segmenter.from_export(export, cpu_threads=1, time_backends=False)
     elif how == 'PSANET_TIME_BACKENDS=0':
         monkeypatch.setenv(backend_choice.TIMING_ENV, '0')
         seg = Segmenter.from_export(export, cpu_threads=1)

@@ -6,8 +6,9 @@ it will meet (``WARMUP_RUNS`` untimed, then up to ``TIMED_RUNS`` timed, the back
 turns), keeps the runner with the lowest median, logs one line, and remembers the choice in
 ``backend_choice.json`` under ``$PSANET_CACHE_DIR`` (default ``~/.cache/psanet``), keyed by
 what changes the ranking, so that the next load builds that runner alone. The GPU, one
-candidate, ``time_backends=False`` or ``PSANET_TIME_BACKENDS=0`` take the fixed order
-(``CPU_ORDER``). Why and what it costs: docs/deploy.md, "Which backend by default".
+candidate or ``PSANET_TIME_BACKENDS=0`` take the fixed order
+(``CPU_ORDER``, ``INT8_ORDER``). Why and what it costs: docs/deploy.md, "Which backend by
+default".
 """
 import hashlib
 import importlib.metadata
@@ -54,10 +55,8 @@ def cache_path():
     return os.path.join(folder, CACHE_FILE)
 
 
-def timing_wanted(time_backends=None):
-    """``time_backends`` as given, or, for None, True unless $PSANET_TIME_BACKENDS says off."""
-    if time_backends is not None:
-        return bool(time_backends)
+def timing_wanted():
+    """True unless $PSANET_TIME_BACKENDS says off (0, false, no or off)."""
     return os.environ.get(TIMING_ENV, '1').strip().lower() not in ('0', 'false', 'no', 'off')
 
 
@@ -201,7 +200,7 @@ def _describe(ms):
                      sorted(ms.items(), key=lambda item: item[1]))
 
 
-def default_runner(deploy, options, int8=False, batch_size=1, time_backends=None, shape=None):
+def default_runner(deploy, options, int8=False, batch_size=1, shape=None):
     """``(backend, runner)`` of ``deploy`` when no backend is named.
 
     On the CPU with two or more candidates and timing wanted (:func:`timing_wanted`): the
@@ -210,7 +209,7 @@ def default_runner(deploy, options, int8=False, batch_size=1, time_backends=None
     :func:`psanet.deploy.backends.default_backend`.
     """
     candidates = backends.cpu_candidates(deploy, int8) if options.device == 'cpu' else []
-    if len(candidates) < 2 or not timing_wanted(time_backends):
+    if len(candidates) < 2 or not timing_wanted():
         backend = backends.default_backend(deploy, options.device, int8)
         return backend, backends.create_runner(deploy, backend, options, int8)
     logger = get_logger()
@@ -223,7 +222,7 @@ def default_runner(deploy, options, int8=False, batch_size=1, time_backends=None
             logger.warning(f'the backends are not timed: the attention maps of a '
                            f'{shape[3]}x{shape[2]} input (batch {shape[0]}) would not fit in '
                            f'the host memory available; running {backend}, the first '
-                           f'installed of {list(backends.CPU_ORDER)}.')
+                           'installed of the fixed order.')
             return backend, backends.create_runner(deploy, backend, options, int8)
     path = cache_path()
     cache = _read_cache(path)

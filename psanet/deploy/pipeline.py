@@ -130,8 +130,7 @@ class Pipeline:
     def from_export(cls, path: str, backend: Optional[str] = None, device: str = DEFAULT_DEVICE,
                     cpu_threads: Optional[int] = None, batch_size: int = 1,
                     enable_mkldnn: bool = API_ENABLE_MKLDNN, int8: bool = False,
-                    workdir: Optional[tempfile.TemporaryDirectory] = None,
-                    time_backends: Optional[bool] = None) -> Any:
+                    workdir: Optional[tempfile.TemporaryDirectory] = None) -> Any:
         """The export in ``path`` (deploy.yaml or its folder) in one backend.
 
         Args:
@@ -142,9 +141,12 @@ class Pipeline:
                 export's input size, else 1024x512; this batch size and thread count), the
                 fastest is logged and remembered in ``~/.cache/psanet/backend_choice.json``
                 (``$PSANET_CACHE_DIR``), so that the next load of the same export, size,
-                batch, threads, backend versions and CPU times nothing; on the GPU, Paddle
-                Inference (:mod:`psanet.deploy.backend_choice`, docs/deploy.md "Which
-                backend by default").
+                batch, threads, backend versions and CPU times nothing; with the
+                environment variable PSANET_TIME_BACKENDS=0, the first installed of the
+                fixed order (onnxruntime, OpenVINO, Paddle Inference; OpenVINO first for
+                INT8), untimed; on the GPU, Paddle Inference
+                (:mod:`psanet.deploy.backend_choice`, docs/deploy.md "Which backend by
+                default").
             device (str, optional): 'cpu' or 'gpu'. Default: 'cpu', as infer.py's --device.
             cpu_threads (int, optional): Threads of the backend on the CPU. Default: as
                 infer.py's --cpu_threads, PaddleSeg's 10, or the CPUs this process may use
@@ -156,10 +158,6 @@ class Pipeline:
             int8 (bool, optional): Run the INT8 model the export holds (``export.py
                 --quantize int8``) on the CPU. Default: False.
             workdir (tempfile.TemporaryDirectory, optional): As ``Pipeline``.
-            time_backends (bool, optional): With ``backend`` None on the CPU: False takes
-                the first installed of the fixed order (OpenVINO, onnxruntime, Paddle
-                Inference) without timing. Default: None, True unless the environment
-                variable PSANET_TIME_BACKENDS is 0.
         """
         if int8 and device != 'cpu':
             raise DeployError('the INT8 model runs on the CPU; use device="cpu".')
@@ -170,15 +168,13 @@ class Pipeline:
         deploy = DeployConfig(path)
         options = PredictorOptions(device=device, enable_mkldnn=bool(enable_mkldnn),
                                    cpu_threads=cpu_threads)
-        return cls.from_deploy(deploy, backend, options, bool(int8), batch_size, workdir,
-                               time_backends)
+        return cls.from_deploy(deploy, backend, options, bool(int8), batch_size, workdir)
 
     @classmethod
     def from_deploy(cls, deploy: DeployConfig, backend: Optional[str] = None,
                     options: Optional[PredictorOptions] = None, int8: bool = False,
                     batch_size: int = 1,
-                    workdir: Optional[tempfile.TemporaryDirectory] = None,
-                    time_backends: Optional[bool] = None) -> Any:
+                    workdir: Optional[tempfile.TemporaryDirectory] = None) -> Any:
         """The export ``deploy`` in ``backend`` with every predictor option
         (:class:`psanet.deploy.predictor.PredictorOptions`: TensorRT, precision, ...), as
         deploy/python/infer.py runs it; ``backend`` None picks as ``from_export`` does."""
@@ -187,7 +183,7 @@ class Pipeline:
         transforms = deploy.build_transforms()
         attention = deploy.attention_cost
         if backend is None:
-            backend, runner = default_runner(deploy, options, int8, batch_size, time_backends)
+            backend, runner = default_runner(deploy, options, int8, batch_size)
         else:
             runner = create_runner(deploy, backend, options, int8)
         # The host's memory is checked; a GPU's free memory needs Paddle's CUDA calls.
