@@ -1,7 +1,7 @@
 """bench/bench_deploy.py runs: its CI smoke run (the mini config, 2 images, every installed
 backend, INT8 included) prints a row per backend with its agreement with the dygraph model,
-and the line naming the API's default backend reads its figures from that table; a missing
---model_path is one line."""
+and the line naming the API's default backend (its own timing, and the fixed order) reads
+its figures from that table; a missing --model_path is one line."""
 import os
 import re
 import sys
@@ -103,31 +103,44 @@ def test_every_installed_backend_has_its_row_and_agrees_with_dygraph(smoke):
 
 
 def test_the_default_backend_line_reads_the_table(smoke):
-    """The line names what default_backend picks, the fastest row of the same model in the
-    table (by images/s, all rows timing the same images) and the ratio of their times."""
+    """The line names what the API's timing picked (its log line, printed before: the
+    fastest of its own times) and the fixed order's first, each with its time over the
+    fastest row of the same model in the table (by images/s, all rows timing the same
+    images)."""
     out, _ = smoke
     table = _table(out)
     deploy_like = type('Export', (), {'onnx': 'model.onnx', 'onnx_int8': 'model_int8.onnx',
                                       'path': 'deploy.yaml'})()
-    lines = re.findall(r'^default (float|INT8) backend \(psanet.Segmenter, CPU\): (\w+), '
-                       r'(\d+\.\d\d)x the time of the fastest measured \((\w+)\) of (.*)$',
-                       out, re.M)
-    if not onnx_tools_installed():
-        assert lines == [('float', 'paddle', '1.00', 'paddle', 'paddle')]
+    lines = re.findall(r'^default (float|INT8) backend \(psanet.Segmenter, CPU, timed\): '
+                       r'(\w+), (\d+\.\d\d)x the time of the fastest measured \((\w+)\) of '
+                       r'(.*); without the timing \(PSANET_TIME_BACKENDS=0\): (\w+), '
+                       r'(\d+\.\d\d)x$', out, re.M)
+    timed = re.findall(r'\[INFO\]\tbackend (\w+) for \S+/paddle( \(INT8\))? at 1x3x32x64, 1 '
+                       r'thread\(s\), the fastest timed: (.*) \(median of \d run\(s\) each '
+                       r'after 1 warm-up; remembered in \S+\)\.$', out, re.M)
+    if not onnx_tools_installed():  # one candidate: nothing timed
+        assert timed == []
+        assert lines == [('float', 'paddle', '1.00', 'paddle', 'paddle', 'paddle', '1.00')]
         return
     assert [line[0] for line in lines] == (['float', 'INT8'] if _int8_installed() else ['float'])
-    for precision, chosen, ratio, fastest, candidates in lines:
+    assert [bool(int8) for _, int8, _ in timed] == [line[0] == 'INT8' for line in lines]
+    for line, (logged, _, logged_times) in zip(lines, timed):
+        precision, chosen, ratio, fastest, candidates, fixed, fixed_ratio = line
         int8 = precision == 'INT8'
-        assert chosen == backends.default_backend(deploy_like, int8=int8)
+        ms = {name: float(value) for name, value in re.findall(r'(\w+) (\d+\.\d) ms',
+                                                               logged_times)}
+        assert chosen == logged == min(ms, key=ms.get)
+        assert fixed == backends.default_backend(deploy_like, int8=int8)
         rows = {name: float(cells['images/s']) for name, cells in table.items()
                 if ('INT8' in name) == int8 and (
                     name.startswith(('onnxruntime', 'openvino')) or
                     name == 'Paddle Inference, paddle op, oneDNN on')}
         names = {name.split(',')[0].replace('Paddle Inference', 'paddle'): speed
                  for name, speed in rows.items()}
-        assert candidates.split(', ') == sorted(names)
+        assert candidates.split(', ') == sorted(names) == sorted(ms)
         assert fastest == max(names, key=names.get)
         assert float(ratio) == pytest.approx(names[fastest] / names[chosen], abs=0.006)
+        assert float(fixed_ratio) == pytest.approx(names[fastest] / names[fixed], abs=0.006)
 
 
 def test_a_missing_model_path_is_one_line_before_any_work(tmp_path):

@@ -2,9 +2,10 @@
 against the dygraph model, the checkpoint run as the dygraph model itself (whole, flipped
 and averaged, in windows) against the model's own outputs computed here, batching over
 images of two sizes, logits and labels at the image's size after a resize, the default
-backend, and its one-line errors (bad images, a backend not installed, options of the other
-route)."""
+backend (the fixed order, and a timing of the real backends), and its one-line errors (bad
+images, a backend not installed, options of the other route)."""
 import os
+import time
 
 import cv2
 import numpy as np
@@ -13,7 +14,7 @@ import paddle.nn.functional as F
 import pytest
 
 from psanet import Segmenter
-from psanet.deploy import backends
+from psanet.deploy import backend_choice, backends
 from psanet.deploy.deploy_config import DeployConfig
 from psanet.deploy.processing import restore_logits
 from psanet.errors import DeployError
@@ -21,6 +22,7 @@ from conftest import (MINI_CONFIG, MINI_PSANET_RTOL, assert_logits_agree, clear_
                       infer_in_process, needs_onnx, onnx_tools_missing)
 from engine_helpers import (assert_saved_masks_agree, dygraph_logits, mini_psanet_for_eval,
                             slide_reference)
+from test_backend_choice import linked_export
 
 SIZES = [(96, 64), (96, 64), (64, 48)]  # width, height: two of one size, then another
 
@@ -67,8 +69,12 @@ def checkpoint(trained):
     """(model, Segmenter.from_config of its weights, the export it made, image paths)."""
     model, weights, paths, root = trained
     paddle.seed(123)  # the model from_config builds starts from other weights
-    seg = Segmenter.from_config(MINI_CONFIG, weights, save_dir=str(root / 'export'),
-                                cpu_threads=1, batch_size=2)
+    # The default backend, untimed: timing it at 1024x512 (a dynamic export) takes minutes
+    # here; test_the_real_backends_are_timed_and_the_fast_one_runs times them at 64x32.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(backend_choice.TIMING_ENV, '0')
+        seg = Segmenter.from_config(MINI_CONFIG, weights, save_dir=str(root / 'export'),
+                                    cpu_threads=1, batch_size=2)
     return model, seg, str(root / 'export'), paths
 
 
@@ -150,19 +156,54 @@ def test_logits_are_resized_back_like_paddleseg():
 
 
 @needs_onnx
-def test_the_default_runtime_is_the_fastest_installed(checkpoint, monkeypatch):
+def test_untimed_the_default_runtime_is_the_first_installed_of_the_fixed_order(checkpoint,
+                                                                              monkeypatch):
     _, _, export, _ = checkpoint
     deploy = DeployConfig(export)
-    fastest = 'openvino' if backends.installed('openvino') else 'onnxruntime'
-    assert backends.default_backend(deploy) == fastest
-    assert backends.default_backend(deploy, device='gpu') == 'paddle'
-    monkeypatch.setattr(backends, 'installed', lambda runtime: runtime != 'openvino')
+    # bench_deploy's order at R50 512x256 (docs/deploy.md): onnxruntime, OpenVINO, Paddle.
     assert backends.default_backend(deploy) == 'onnxruntime'
+    assert backends.default_backend(deploy, device='gpu') == 'paddle'
+    monkeypatch.setattr(backends, 'installed', lambda runtime: runtime != 'onnxruntime')
+    assert backends.default_backend(deploy) == 'openvino'
     monkeypatch.setattr(backends, 'installed', lambda runtime: runtime == 'paddle')
     assert backends.default_backend(deploy) == 'paddle'
     monkeypatch.setitem(deploy.dic, 'onnx', None)
     monkeypatch.setattr(backends, 'installed', lambda runtime: True)
     assert backends.default_backend(deploy) == 'paddle'  # no model.onnx to run
+
+
+@needs_onnx
+def test_the_real_backends_are_timed_and_the_fast_one_runs(checkpoint, tmp_path, monkeypatch):
+    """onnxruntime, the fixed order's first of the two, made slow by a wrapper: Paddle
+    Inference is chosen, its runner gives what the named backend gives, and the next load
+    reads the choice without a run."""
+    export = linked_export(checkpoint[2], tmp_path / 'export', input_shape=[-1, 3, 32, 64])
+    monkeypatch.setattr(backends, 'installed', lambda backend: backend != 'openvino')
+    monkeypatch.setenv(backend_choice.CACHE_ENV, str(tmp_path / 'cache'))
+    create, runs = backends.create_runner, []
+
+    def slowed(deploy, backend, options=None, int8=False):
+        runner = create(deploy, backend, options, int8)
+        run = runner.run
+
+        def counted(batch):
+            runs.append(backend)
+            if backend == 'onnxruntime':
+                time.sleep(0.5)  # the mini model runs a 64x32 input in some 10-50 ms
+            return run(batch)
+        runner.run = counted
+        return runner
+    monkeypatch.setattr(backends, 'create_runner', slowed)
+    seg = Segmenter.from_export(export, cpu_threads=1)
+    assert seg.backend == 'paddle'
+    each = backend_choice.WARMUP_RUNS + backend_choice.TIMED_RUNS
+    assert sorted(runs) == ['onnxruntime'] * each + ['paddle'] * each
+    image = np.random.RandomState(0).randint(0, 256, (32, 64, 3)).astype('uint8')
+    want = Segmenter.from_export(export, backend='paddle', cpu_threads=1).logits(image)
+    np.testing.assert_array_equal(seg.logits(image), want)
+    runs.clear()
+    again = Segmenter.from_export(export, cpu_threads=1)
+    assert again.backend == 'paddle' and runs == []
 
 
 @pytest.mark.parametrize('runtime', ['onnxruntime', 'openvino'])

@@ -4,8 +4,11 @@
 'onnxruntime' and 'openvino' (on ``model.onnx``, or on the INT8 ``model_int8.onnx``
 that :mod:`psanet.deploy.quantize` writes). ``create_runner`` returns an object
 with ``run(batch) -> output``; an optional backend that is not installed is named
-in one line with the package to install. The default order on the CPU is the
-measured one (docs/deploy.md, "Which backend by default").
+in one line with the package to install. ``cpu_candidates`` lists the backends
+that can run an export on the CPU in the fixed order ``CPU_ORDER`` (``INT8_ORDER``
+for the INT8 model), whose first ``default_backend`` returns;
+:mod:`psanet.deploy.backend_choice` times the candidates instead (docs/deploy.md,
+"Which backend by default").
 """
 import importlib.util
 import os
@@ -17,14 +20,17 @@ from psanet.errors import DeployError
 from .predictor import PaddleRunner, PredictorOptions
 from .predictor import _check_batch as check_batch
 
-__all__ = ['EXPORT_BACKENDS', 'PACKAGES', 'installed', 'default_backend', 'create_runner',
-           'OnnxRuntimeRunner', 'OpenVinoRunner', 'unreadable_onnx']
+__all__ = ['EXPORT_BACKENDS', 'PACKAGES', 'CPU_ORDER', 'INT8_ORDER', 'installed',
+           'cpu_candidates', 'default_backend', 'create_runner', 'OnnxRuntimeRunner',
+           'OpenVinoRunner', 'unreadable_onnx']
 
 EXPORT_BACKENDS = ('paddle', 'onnxruntime', 'openvino')
 # The pip package of each optional backend (Paddle Inference comes with paddlepaddle).
 PACKAGES = {'onnxruntime': 'onnxruntime', 'openvino': 'openvino'}
-# Fastest first, as measured on the CPU by bench/bench_deploy.py (docs/deploy.md).
-CPU_ORDER = ('openvino', 'onnxruntime', 'paddle')
+# The order without a timing (PSANET_TIME_BACKENDS=0), fastest first as bench/bench_deploy.py
+# measured it on the CPU at R50 512x256 (docs/deploy.md): the float model, and the INT8 one.
+CPU_ORDER = ('onnxruntime', 'openvino', 'paddle')
+INT8_ORDER = ('openvino', 'onnxruntime')
 
 
 def installed(backend):
@@ -39,23 +45,28 @@ def _needs_package(backend, what):
                        f'pip install {PACKAGES[backend]}')
 
 
-def default_backend(deploy, device='cpu', int8=False):
-    """The backend an export runs in when none is named.
+def cpu_candidates(deploy, int8=False):
+    """The installed backends that can run ``deploy`` on the CPU, in the order ``CPU_ORDER``
+    (``INT8_ORDER`` for its INT8 model, with ``int8``): the ONNX backends need
+    ``model.onnx`` (or ``model_int8.onnx``); Paddle Inference runs every float export."""
+    if int8:
+        return [backend for backend in INT8_ORDER
+                if deploy.onnx_int8 is not None and installed(backend)]
+    return [backend for backend in CPU_ORDER
+            if backend == 'paddle' or deploy.onnx is not None and installed(backend)]
 
-    On the CPU the fastest installed one that can run the export: the ONNX
-    backends need ``model.onnx`` (or ``model_int8.onnx`` for INT8); Paddle
-    Inference runs every export. On the GPU, Paddle Inference.
+
+def default_backend(deploy, device='cpu', int8=False):
+    """The backend an export runs in when none is named and none is timed.
+
+    On the CPU the first of :func:`cpu_candidates`; on the GPU, Paddle Inference.
     """
     if device != 'cpu':
         return 'paddle'
-    has_onnx = (deploy.onnx_int8 if int8 else deploy.onnx) is not None
-    for backend in CPU_ORDER:
-        if backend == 'paddle':
-            if not int8:  # the INT8 model is an ONNX model
-                return backend
-        elif has_onnx and installed(backend):
-            return backend
-    if not has_onnx:
+    found = cpu_candidates(deploy, int8)
+    if found:
+        return found[0]
+    if (deploy.onnx_int8 if int8 else deploy.onnx) is None:
         raise DeployError(f'{deploy.path} names no INT8 model; quantise the export first: '
                           'export.py ... --psa_impl paddle --onnx --quantize int8 '
                           '--calib_images <folder>.')

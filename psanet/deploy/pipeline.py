@@ -23,7 +23,8 @@ from .predictor import (API_ENABLE_MKLDNN, DEFAULT_CPU_THREADS, DEFAULT_DEVICE, 
                         default_cpu_threads)
 from .processing import (check_image_file, check_input_size, image_names, postprocess,
                          preprocess, restore_logits)
-from .backends import create_runner, default_backend
+from .backend_choice import default_runner
+from .backends import create_runner
 
 __all__ = ['Pipeline']
 
@@ -136,7 +137,19 @@ class Pipeline:
             path (str): deploy.yaml or the folder holding it.
             backend (str, optional): The runtime: 'paddle' (Paddle Inference), 'onnxruntime'
                 or 'openvino'. Default: the fastest installed one that runs the export on
-                ``device`` (:func:`psanet.deploy.backends.default_backend`).
+                ``device``: on the CPU each candidate is timed once on a random batch (the
+                export's input size, else 1024x512; this batch size and thread count), the
+                fastest is logged and remembered in ``~/.cache/psanet/backend_choice.json``
+                (``$PSANET_CACHE_DIR``), so that the next load of the same export, size,
+                batch, threads, backend versions and CPU times nothing (measured here on
+                PSANet R50-D8 at 512x256, 2 threads: onnxruntime 6.5 s, OpenVINO 6.6 s,
+                Paddle Inference 7.7 s a run; the first load 85 s, the next 4.0 s, as
+                long as one naming onnxruntime); with the
+                environment variable PSANET_TIME_BACKENDS=0, the first installed of the
+                fixed order (onnxruntime, OpenVINO, Paddle Inference; OpenVINO first for
+                INT8), untimed; on the GPU, Paddle Inference
+                (:mod:`psanet.deploy.backend_choice`, docs/deploy.md "Which backend by
+                default").
             device (str, optional): 'cpu' or 'gpu'. Default: 'cpu', as infer.py's --device.
             cpu_threads (int, optional): Threads of the backend on the CPU. Default: as
                 infer.py's --cpu_threads, PaddleSeg's 10, or the CPUs this process may use
@@ -171,9 +184,11 @@ class Pipeline:
         options = options or PredictorOptions()
         batch_size = _checked_batch_size(batch_size)  # before a runner is made
         transforms = deploy.build_transforms()
-        backend = backend or default_backend(deploy, options.device, int8)
         attention = deploy.attention_cost
-        runner = create_runner(deploy, backend, options, int8)
+        if backend is None:
+            backend, runner = default_runner(deploy, options, int8, batch_size)
+        else:
+            runner = create_runner(deploy, backend, options, int8)
         # The host's memory is checked; a GPU's free memory needs Paddle's CUDA calls.
         return cls(runner, transforms, deploy.output_op, batch_size, backend, deploy,
                    attention if options.device == 'cpu' else None, workdir)
