@@ -10,8 +10,11 @@ driven by real clients (httpx, Triton's tritonclient, Prometheus' parser):
 - deadlines (the X-Request-Timeout-S header, the protocol's timeout, --request_timeout_s):
   504 while queued, and the request never runs;
 - /metrics scraped after a known set of requests: every count;
+- the model in its worker: /health and a deadline's 504 answer while a run holds the
+  worker's GIL; a killed worker's requests get 503, /ready 503 until it is back;
 - the warm-up (one run per batch size before /ready says ready) and the bounded drain
-  (SIGTERM: the queue's 503 at --graceful_timeout_s, the run in progress answered, exit 0);
+  (SIGTERM during a run that never ends: 503 to it and the queue at --graceful_timeout_s,
+  the worker killed, exit 0);
 - bearer-token auth over TLS with a self-signed certificate made here;
 - bad flags, a bad config and missing packages refused with one line before the model loads.
 """
@@ -34,6 +37,8 @@ import numpy as np
 import pytest
 
 from psanet import Segmenter
+from psanet.serve.app import DRAIN_BACKSTOP_S
+from psanet.serve.worker import END_GRACE_S
 from conftest import ROOT, finish, read_text, run_process
 from serve_helpers import (SERVE_SCRIPT, Gate, assert_refused, free_port, make_image,
                            png_labels, post_image, running_server, triton_image)
@@ -44,6 +49,7 @@ MAX_PIXELS = 100 * 62         # an image of 100x62 is exactly at the limit,
 OVER_PIXELS = (117, 53)       # 6201 pixels one over it
 SIZE = (96, 64)               # the images the queue tests send (6144 pixels)
 DEADLINE_SIZES = [(80, 48), (72, 40)]  # sizes only a timed-out request has
+DRAIN_GRACE_S = 2
 
 
 @pytest.fixture(scope='module')
@@ -214,6 +220,57 @@ def test_a_request_past_its_deadline_in_the_queue_gets_504_and_never_runs(gated,
                    'X-Request-Timeout-S')
 
 
+HOLD_S = 5  # how long the stand-in run holds its process's GIL
+
+
+def test_during_a_run_holding_the_gil_health_and_a_deadline_answer_before_it_ends(gated,
+                                                                                   images):
+    """Paddle Inference holds the GIL for a whole run (the gate's hold_gil stands in for it);
+    the model's worker holds its own, so /health and a 0.25 s deadline's 504 come first."""
+    url, gate, _ = gated
+    base, runs_before = gate.entered(), len(gate.runs())
+    gate.hold_gil(HOLD_S)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        try:
+            running = pool.submit(post_image, url, images['q0'])
+            gate.wait_entered(base + 1)
+            entered = time.monotonic()
+            health = httpx.get(f'{url}/health', timeout=30)
+            late = post_image(url, images['late0'], headers={'X-Request-Timeout-S': '0.25'})
+            answered_s = time.monotonic() - entered
+            ran_meanwhile = len(gate.runs()) - runs_before
+        finally:
+            gate.hold_gil(0)
+        assert running.result().status_code == 200
+    assert health.status_code == 200 and health.json() == {'status': 'ok'}
+    assert_refused(late, 504, 'deadline', 'did not run')
+    assert ran_meanwhile == 0 and answered_s < HOLD_S - 1, (ran_meanwhile, answered_s)
+
+
+def test_a_killed_worker_fails_its_requests_with_503_and_comes_back(gated, images, seg):
+    url, gate, log = gated
+    base, pid = gate.entered(), _stats(url)['worker']['pid']
+    gate.close()
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        try:
+            running = pool.submit(post_image, url, images['q0'])
+            gate.wait_entered(base + 1)
+            queued = pool.submit(post_image, url, images['late1'])
+            _wait_stats(url, waiting=1)
+            os.kill(pid, signal.SIGKILL)
+            assert_refused(running.result(timeout=60), 503, f'pid {pid}', 'killed by SIGKILL',
+                           'send it again')
+            assert_refused(queued.result(timeout=60), 503, 'killed by SIGKILL', 'restarting')
+            assert_refused(httpx.get(f'{url}/ready', timeout=30), 503, 'restarting')
+        finally:
+            gate.open()
+    _wait_ready(url)
+    worker = _stats(url)['worker']
+    assert worker['restarts'] == 1 and worker['pid'] != pid and worker['alive'], worker
+    assert np.array_equal(png_labels(post_image(url, images['q2']))[0], seg(images['q2']))
+    assert f'the model worker (pid {pid}) was killed by SIGKILL' in read_text(log)
+
+
 def _scrape(url, client=None):
     """{(sample name, sorted label items): value} of /metrics, read by Prometheus' parser."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -322,7 +379,7 @@ def warming(mini_export, tmp_path_factory):
     gate = Gate(root / 'gate')
     gate.close()
     flags = _server_flags(mini_export, '--max_batch', 5, '--max_wait_ms', 20,
-                          '--warmup_size', 80, 48, '--graceful_timeout_s', 2)
+                          '--warmup_size', 80, 48, '--graceful_timeout_s', DRAIN_GRACE_S)
     with running_server(flags, root / 'serve.log', gate=gate, wait_for='/health') as (
             process, url):
         yield process, url, gate, str(root / 'serve.log')
@@ -345,13 +402,15 @@ def test_the_warm_up_runs_every_batch_size_before_ready(warming, images, seg):
     assert _stats(url)['warmup_s'] > 0
 
 
-def test_sigterm_drain_answers_the_run_refuses_the_queue_and_exits_in_time(warming, images,
-                                                                            seg):
+def test_sigterm_during_a_held_run_answers_503_at_the_bound_and_exits_0(warming, images):
+    """The run never ends (the gate stays closed): at --graceful_timeout_s it and the queue get
+    503, the worker is killed, and the server exits 0 within the bound."""
     process, url, gate, log = warming
     gate.open()
     _wait_ready(url)  # the warm-up done (when this test runs alone)
     base = gate.entered()
     gate.close()
+    bound_s = DRAIN_GRACE_S + DRAIN_BACKSTOP_S + END_GRACE_S
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         try:
             running = pool.submit(post_image, url, images['q0'])
@@ -360,19 +419,20 @@ def test_sigterm_drain_answers_the_run_refuses_the_queue_and_exits_in_time(warmi
             _wait_stats(url, waiting=2)
             signalled = time.monotonic()
             process.send_signal(signal.SIGTERM)
-            answers = [f.result() for f in queued]
+            answers = [f.result(timeout=bound_s + 10) for f in (running, *queued)]
             refused_after = time.monotonic() - signalled
-            for answer in answers:  # held until --graceful_timeout_s, then refused
-                assert_refused(answer, 503, 'stopping', '--graceful_timeout_s')
-            assert refused_after > 1.5, refused_after
-            assert not running.done()  # the run in progress goes on
+            assert_refused(answers[0], 503, 'stopping', 'run did not end', 'abandoned',
+                           '--graceful_timeout_s')
+            for answer in answers[1:]:
+                assert_refused(answer, 503, 'stopping', 'did not reach', '--graceful_timeout_s')
+            assert refused_after > DRAIN_GRACE_S - 0.5, refused_after
             with pytest.raises(httpx.TransportError):  # no new connection taken
                 httpx.get(f'{url}/health', timeout=5)
+            finish(process, timeout=bound_s + 10)
         finally:
             gate.open()
-        assert np.array_equal(png_labels(running.result())[0], seg(images['q0']))
-    finish(process, timeout=30)
     assert process.returncode == 0, read_text(log)
+    assert 'the model worker is killed' in read_text(log)
     assert 'Traceback' not in read_text(log)
 
 

@@ -27,9 +27,11 @@ class ServedModel:
         num_classes (int | None): None when an export does not record it.
         names (list): class names.
         colors (list): the flat [r, g, b, ...] palette of 256 colours.
-        model (paddle.nn.Layer | None): the dygraph model (the explorer's), None for an export.
+        model (paddle.nn.Layer | None): the dygraph model (the explorer's), None for an export
+            and in the server's process (:meth:`front`).
         digest (str): which weights: ``export_hash`` of an export, ``weights_hash`` of a
             checkpoint's model.
+        align_corners (bool | None): the explorer's model's, None without one.
     """
     segmenter: object
     source: str
@@ -38,6 +40,15 @@ class ServedModel:
     colors: list
     model: object = None
     digest: str = ''
+    align_corners: object = None
+
+    def front(self, runner):
+        """What the server's process keeps (it crosses a pipe): this, without the model, its
+        Segmenter's pre- and postprocessing around ``runner`` (the model's worker)."""
+        from psanet.api import Segmenter
+        seg = self.segmenter
+        return dataclasses.replace(self, model=None, segmenter=Segmenter(
+            runner, seg.transforms, seg.output_op, backend=seg.backend, deploy=seg.deploy))
 
     def describe(self, limits):
         """``GET /v1/model``: the classes, palette and input contract."""
@@ -58,7 +69,7 @@ class ServedModel:
             'output': {'formats': ['png (palette PNG of class ids)',
                                    'json (shape, class ids, per-class pixel counts)'],
                        'output_op': seg.output_op},
-            'explorer': self.model is not None,
+            'explorer': self.align_corners is not None,
         }
 
 
@@ -156,7 +167,8 @@ def load_served_model(config, model_path=None, backend=None, device=None, int8=F
         digest = weights_hash(model)
     names = class_names(num_classes, dataset) if num_classes else []
     return ServedModel(seg, source, num_classes, names,
-                       color_map(num_classes, cityscapes=cityscapes), model, digest)
+                       color_map(num_classes, cityscapes=cityscapes), model, digest,
+                       None if model is None else bool(model.align_corners))
 
 
 def check_config(config, model_path=None, backend=None, int8=False, cpu_threads=None):
