@@ -507,11 +507,11 @@ def _serve_main(argv, monkeypatch, capsys):
     """serve.main(argv) in this process with the model load replaced by a failure: ``(exit
     code, stderr)`` of a start refused before anything loads."""
     import serve
-    import psanet.serve.served_model as served_model
+    from psanet.serve.worker import ModelWorker
 
     def load(*args, **kwargs):
         raise AssertionError('the model loaded before the flags were checked')
-    monkeypatch.setattr(served_model, 'load_served_model', load)
+    monkeypatch.setattr(ModelWorker, 'start', load)
     code = serve.main([str(a) for a in argv])
     return code, capsys.readouterr().err
 

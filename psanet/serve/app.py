@@ -297,11 +297,12 @@ def create_app(served, options, token=None, warmup_shape=None, on_failure=None, 
             raise RequestError(409, 'the explorer needs the model: this server runs an export; '
                                     'start it with --config <training config> --model_path '
                                     '<weights>.')
+        return explored
 
     @app.post('/v1/explore', openapi_extra=IMAGE_BODY)
     async def explore(request: Request):
         """Runs the model on an image, keeps its attention; returns its id and class map."""
-        need_explorer()
+        kept = need_explorer()
         with service.answering():
             deadline = service.deadline(request)
             image = await read_image(request)
@@ -310,7 +311,7 @@ def create_app(served, options, token=None, warmup_shape=None, on_failure=None, 
                 batcher.submit_call, lambda: seg.runner.explore(batch), deadline=deadline)
             label = (await run_in_threadpool(seg.postprocess, output, infos))[0]
         try:
-            return await run_in_threadpool(explored.add, image.shape[:2], batch, infos[0],
+            return await run_in_threadpool(kept.add, image.shape[:2], batch, infos[0],
                                            records, label)
         except OverflowError as error:
             raise RequestError(413, str(error)) from None
@@ -318,12 +319,12 @@ def create_app(served, options, token=None, warmup_shape=None, on_failure=None, 
     @app.get('/v1/explore/{image_id}')
     async def explore_point(image_id: str, x: int, y: int):
         """The collect and distribute maps of pixel (x, y) of an explored image."""
-        need_explorer()
+        kept = need_explorer()
         try:
-            return await run_in_threadpool(explored.point, image_id, x, y)
+            return await run_in_threadpool(kept.point, image_id, x, y)
         except KeyError:
             raise RequestError(404, f'image {image_id} is no longer kept (the last '
-                                    f'{explored.capacity} are): send it again.') from None
+                                    f'{kept.capacity} are): send it again.') from None
         except ValueError as error:
             raise RequestError(400, str(error)) from None
 

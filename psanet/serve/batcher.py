@@ -23,6 +23,7 @@ import concurrent.futures
 import dataclasses
 import logging
 import time
+from typing import Any, Counter, Deque, List, Optional
 
 import numpy as np
 
@@ -82,11 +83,11 @@ class _Observer:
 @dataclasses.dataclass(eq=False)
 class _Job:
     future: asyncio.Future
-    batch: np.ndarray = None  # [1, 3, H, W], or None for a call
-    call: object = None       # a function run alone in the model thread
-    deadline: float = None    # loop time; None: none
+    batch: Optional[np.ndarray] = None  # [1, 3, H, W], or None for a call
+    call: Any = None                    # a function run alone in the model thread
+    deadline: Optional[float] = None    # loop time; None: none
     queued_at: float = 0.0
-    timer: asyncio.TimerHandle = None
+    timer: Optional[asyncio.TimerHandle] = None
 
 
 class Batcher:
@@ -116,18 +117,19 @@ class Batcher:
         self.max_queue = max_queue
         self._observer = observer or _Observer()
         self._on_failure, self._worker = on_failure, worker
-        self.runs = collections.Counter()  # batch size -> runs
+        self.runs: Counter[int] = collections.Counter()  # batch size -> runs
         self.state = 'warming'
         self.warmup_s = self.worker_error = self._warmup_shape = None
-        self._waiting = self._arrived = self._task = self._executor = None
-        self._running = []  # the jobs of the run in progress
+        self._waiting: Deque[_Job] = collections.deque()
+        self._arrived = asyncio.Event()
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, 'psanet-model')
+        self._task: Optional[asyncio.Task] = None
+        self._running: List[_Job] = []  # the jobs of the run in progress
         self._draining = self._closed = False
 
     async def start(self, warmup_shape=None):
         """Starts the model thread; with ``warmup_shape`` ``(3, H, W)`` it first runs one batch
         of each size it can form (:func:`batch_sizes`), the queue filling meanwhile."""
-        self._waiting, self._arrived = collections.deque(), asyncio.Event()
-        self._executor = concurrent.futures.ThreadPoolExecutor(1, 'psanet-model')
         self._task = asyncio.get_running_loop().create_task(self._serve(warmup_shape))
 
     async def stop(self):
@@ -142,7 +144,7 @@ class Batcher:
 
     @property
     def waiting(self):
-        return len(self._waiting) if self._waiting is not None else 0
+        return len(self._waiting)
 
     @property
     def full(self):
@@ -168,8 +170,7 @@ class Batcher:
         self._draining, self.state = True, 'stopping'
         loop = asyncio.get_running_loop()
         loop.call_later(grace_s, self._close)
-        if self._arrived is not None:
-            self._arrived.set()  # a collection waiting for company stops waiting
+        self._arrived.set()  # a collection waiting for company stops waiting
 
     def _close(self):
         self._closed = True

@@ -7,6 +7,7 @@ attention the explorer page reads (:mod:`psanet.serve.explore`).
 import dataclasses
 import hashlib
 import os
+from typing import Any, List, Optional
 
 import yaml
 
@@ -33,14 +34,14 @@ class ServedModel:
             checkpoint's model.
         align_corners (bool | None): the explorer's model's, None without one.
     """
-    segmenter: object
+    segmenter: Any
     source: str
-    num_classes: object
-    names: list
-    colors: list
-    model: object = None
+    num_classes: Optional[int]
+    names: List[str]
+    colors: List[int]
+    model: Any = None
     digest: str = ''
-    align_corners: object = None
+    align_corners: Optional[bool] = None
 
     def front(self, runner):
         """What the server's process keeps (it crosses a pipe): this, without the model, its

@@ -6,6 +6,7 @@ import errno
 import math
 import os
 import socket
+from typing import Optional, Tuple
 
 from psanet.errors import ConfigError
 
@@ -37,11 +38,11 @@ class ServeOptions:
     None: no deadline unless a request sets one; ``warmup_size`` None: the size the export or
     its transforms fix, if any."""
     config: str
-    model_path: str = None
-    backend: str = None
-    device: str = None
+    model_path: Optional[str] = None
+    backend: Optional[str] = None
+    device: Optional[str] = None
     int8: bool = False
-    cpu_threads: int = None
+    cpu_threads: Optional[int] = None
     host: str = '127.0.0.1'
     port: int = 8000
     max_batch: int = 8
@@ -50,12 +51,12 @@ class ServeOptions:
     max_body_bytes: int = 20 * 2 ** 20
     max_pixels: int = 2048 * 2048
     graceful_timeout_s: int = 30
-    request_timeout_s: float = None
-    warmup_size: tuple = None
+    request_timeout_s: Optional[float] = None
+    warmup_size: Optional[Tuple[int, int]] = None
     model_name: str = 'psanet'
-    auth_token_file: str = None
-    ssl_certfile: str = None
-    ssl_keyfile: str = None
+    auth_token_file: Optional[str] = None
+    ssl_certfile: Optional[str] = None
+    ssl_keyfile: Optional[str] = None
 
     def __post_init__(self):
         for name, (low, high, what) in RANGES.items():

@@ -41,11 +41,9 @@ def _serve_runs(conn: Any, load_args: Tuple[Any, ...]) -> None:
     """The worker process: loads the model, sends its front, then answers each request."""
     from psanet import interrupts
     from psanet.errors import UserError
-    from psanet.log import setup_logging
     from .explore import forward
     from .served_model import load_served_model
     interrupts.worker_init()
-    setup_logging(main_process=True)
     try:
         served = load_served_model(*load_args)
         conn.send(('loaded', served.front(None)))
