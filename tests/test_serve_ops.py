@@ -77,16 +77,29 @@ def _server_flags(mini_export, *more):
 
 
 @pytest.fixture(scope='module')
-def gated(mini_export, tmp_path_factory):
-    """``(url, gate, log)`` of a server held by a gate, open between tests."""
+def started(mini_export, tmp_path_factory):
+    """``(process, url, gate, log)`` of the module's server, held by a gate: started closed, in
+    its warm-up (``--warmup_size 80 48``); the warm-up test runs first, the drain test last."""
     root = tmp_path_factory.mktemp('gated_server')
     gate = Gate(root / 'gate')
+    gate.close()
     flags = _server_flags(mini_export, '--max_batch', MAX_BATCH, '--max_queue', MAX_QUEUE,
                           '--max_wait_ms', 100, '--max_body_bytes', MAX_BODY,
-                          '--max_pixels', MAX_PIXELS)
-    with running_server(flags, root / 'serve.log', gate=gate) as (_, url):
-        yield url, gate, str(root / 'serve.log')
+                          '--max_pixels', MAX_PIXELS, '--warmup_size', 80, 48,
+                          '--graceful_timeout_s', DRAIN_GRACE_S)
+    with running_server(flags, root / 'serve.log', gate=gate, wait_for='/health') as (
+            process, url):
+        yield process, url, gate, str(root / 'serve.log')
     assert 'Traceback' not in read_text(root / 'serve.log')
+
+
+@pytest.fixture(scope='module')
+def gated(started):
+    """``(url, gate, log)`` of the module's server, warmed up, its gate open between tests."""
+    _, url, gate, log = started
+    gate.open()
+    _wait_ready(url)
+    return url, gate, log
 
 
 def _wait_ready(url, timeout=120):
@@ -108,6 +121,23 @@ def _wait_stats(url, client=None, timeout=120, **want):
             return stats
         assert time.monotonic() < deadline, (want, stats)
         time.sleep(0.02)
+
+
+def test_the_warm_up_runs_every_batch_size_before_ready(started, images, seg):
+    _, url, gate, _ = started
+    gate.wait_entered(1)
+    assert_refused(httpx.get(f'{url}/ready', timeout=30), 503, 'warming up')
+    assert_refused(httpx.get(f'{url}/v2/health/ready', timeout=30), 503, 'warming up')
+    assert httpx.get(f'{url}/health', timeout=30).status_code == 200
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        early = pool.submit(post_image, url, images['q0'])  # waits for the warm-up
+        _wait_stats(url, waiting=1)
+        gate.open()
+        assert np.array_equal(png_labels(early.result())[0], seg(images['q0']))
+    _wait_ready(url)
+    # One run of each batch size max_batch 3 can form (1, 2) at 80x48, then the request.
+    assert gate.runs() == [[1, 3, 48, 80], [2, 3, 48, 80], [1, 3, 64, 96]]
+    assert _stats(url)['warmup_s'] > 0
 
 
 def test_the_queue_holds_max_queue_ready_says_so_and_runs_hold_max_batch(gated, images, seg,
@@ -371,43 +401,12 @@ def test_metrics_count_every_request_run_refusal_and_timeout(gated, images, mini
                      'export_hash': digest.hexdigest()[:16]}]
 
 
-@pytest.fixture(scope='module')
-def warming(mini_export, tmp_path_factory):
-    """A server held in its warm-up (``--warmup_size 80 48 --max_batch 5``), which the drain
-    test then stops."""
-    root = tmp_path_factory.mktemp('warming_server')
-    gate = Gate(root / 'gate')
-    gate.close()
-    flags = _server_flags(mini_export, '--max_batch', 5, '--max_wait_ms', 20,
-                          '--warmup_size', 80, 48, '--graceful_timeout_s', DRAIN_GRACE_S)
-    with running_server(flags, root / 'serve.log', gate=gate, wait_for='/health') as (
-            process, url):
-        yield process, url, gate, str(root / 'serve.log')
-
-
-def test_the_warm_up_runs_every_batch_size_before_ready(warming, images, seg):
-    _, url, gate, _ = warming
-    gate.wait_entered(1)
-    assert_refused(httpx.get(f'{url}/ready', timeout=30), 503, 'warming up')
-    assert_refused(httpx.get(f'{url}/v2/health/ready', timeout=30), 503, 'warming up')
-    assert httpx.get(f'{url}/health', timeout=30).status_code == 200
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        early = pool.submit(post_image, url, images['q0'])  # waits for the warm-up
-        _wait_stats(url, waiting=1)
-        gate.open()
-        assert np.array_equal(png_labels(early.result())[0], seg(images['q0']))
-    _wait_ready(url)
-    # One run of each batch size 5 can form (1, 2, 4) at 80x48, then the request.
-    assert gate.runs() == [[1, 3, 48, 80], [2, 3, 48, 80], [4, 3, 48, 80], [1, 3, 64, 96]]
-    assert _stats(url)['warmup_s'] > 0
-
-
-def test_sigterm_during_a_held_run_answers_503_at_the_bound_and_exits_0(warming, images):
+def test_sigterm_during_a_held_run_answers_503_at_the_bound_and_exits_0(started, gated,
+                                                                         images):
     """The run never ends (the gate stays closed): at --graceful_timeout_s it and the queue get
-    503, the worker is killed, and the server exits 0 within the bound."""
-    process, url, gate, log = warming
-    gate.open()
-    _wait_ready(url)  # the warm-up done (when this test runs alone)
+    503, the worker is killed, and the server exits 0 within the bound (the module's last use
+    of its server)."""
+    process, url, gate, log = started
     base = gate.entered()
     gate.close()
     bound_s = DRAIN_GRACE_S + DRAIN_BACKSTOP_S + END_GRACE_S

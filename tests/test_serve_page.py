@@ -213,8 +213,8 @@ def test_behind_a_token_the_page_takes_it_from_its_address(browser, mini_weights
 
 @pytest.fixture(scope='module')
 def attention(mini_weights, image_path):
-    """``(align_corners, add, one)``: the model's align_corners; ``add(kept)`` keeps this test's forward in an ExploredImages and
-    returns its id; and the bytes of one image's maps."""
+    """``(align_corners, add, one)``: the model's align_corners; ``add(kept)`` keeps this
+    test's forward in an ExploredImages and returns its id; the bytes of one image's maps."""
     model, image, x, records = _attention(image_path, mini_weights)
     label = np.zeros(image.shape[:2], np.uint8)
 

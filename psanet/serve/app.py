@@ -345,7 +345,7 @@ def _name(names, cls):
     return names[cls] if cls < len(names) else f'class {cls}'
 
 
-def serve(options):
+def serve(options: ServeOptions) -> None:
     """serve.py: checks every flag and binds the address, loads the model, then serves until
     SIGTERM or Ctrl-C (exit 0 after a graceful stop)."""
     from .startup import bind, check_packages, check_tls, read_token
@@ -354,7 +354,7 @@ def serve(options):
     check_config(options.config, options.model_path, options.backend, options.int8,
                  options.cpu_threads)
     token = read_token(options.auth_token_file) if options.auth_token_file else None
-    if options.ssl_certfile is not None:
+    if options.ssl_certfile is not None and options.ssl_keyfile is not None:  # both or none
         check_tls(options.ssl_certfile, options.ssl_keyfile)
     sockets = bind(options.host, options.port)
     try:

@@ -49,7 +49,7 @@ class Restarting(Exception):
     """The model's worker died and is being restarted: nothing runs meanwhile."""
 
 
-def power_of_two_runs(items):
+def power_of_two_runs(items: List[Any]) -> List[List[Any]]:
     """``items`` in consecutive runs whose lengths are powers of two, the longest first."""
     runs, start = [], 0
     while start < len(items):
@@ -59,7 +59,7 @@ def power_of_two_runs(items):
     return runs
 
 
-def batch_sizes(max_batch):
+def batch_sizes(max_batch: int) -> List[int]:
     """Every batch size the batcher forms: the powers of two up to ``max_batch``."""
     return [1 << b for b in range(max_batch.bit_length())]
 
@@ -127,12 +127,12 @@ class Batcher:
         self._running: List[_Job] = []  # the jobs of the run in progress
         self._draining = self._closed = False
 
-    async def start(self, warmup_shape=None):
+    async def start(self, warmup_shape: Optional[tuple] = None) -> None:
         """Starts the model thread; with ``warmup_shape`` ``(3, H, W)`` it first runs one batch
         of each size it can form (:func:`batch_sizes`), the queue filling meanwhile."""
         self._task = asyncio.get_running_loop().create_task(self._serve(warmup_shape))
 
-    async def stop(self):
+    async def stop(self) -> None:
         """Ends the loop (the server has answered its requests) and the model thread (a run
         still in progress: its worker killed)."""
         if self._task is not None:
@@ -143,25 +143,25 @@ class Batcher:
             self._executor.shutdown(wait=True, cancel_futures=True)
 
     @property
-    def waiting(self):
+    def waiting(self) -> int:
         return len(self._waiting)
 
     @property
-    def full(self):
+    def full(self) -> bool:
         return self.waiting >= self.max_queue
 
-    def submit(self, batch, deadline=None):
+    def submit(self, batch: np.ndarray, deadline: Optional[float] = None) -> asyncio.Future:
         """A future of ``(output rows of batch, the run's batch size)``; ``deadline`` (loop
         time) past while it waits: DeadlineExceeded."""
         return self._put(_Job(asyncio.get_running_loop().create_future(), batch=batch,
                               deadline=deadline))
 
-    def submit_call(self, function, deadline=None):
+    def submit_call(self, function: Any, deadline: Optional[float] = None) -> asyncio.Future:
         """A future of ``function()``, run alone in the model thread."""
         return self._put(_Job(asyncio.get_running_loop().create_future(), call=function,
                               deadline=deadline))
 
-    def drain(self, grace_s):
+    def drain(self, grace_s: float) -> None:
         """SIGTERM: from now on one request a run; in ``grace_s`` what still waits or runs gets
         Stopping (the worker of a run in progress killed), and so does whatever is submitted
         after that."""

@@ -6,7 +6,7 @@ import errno
 import math
 import os
 import socket
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 from psanet.errors import ConfigError
 
@@ -83,7 +83,7 @@ class ServeOptions:
                               'certificate and its private key) or neither.')
 
 
-def check_packages():
+def check_packages() -> None:
     """One line naming the server's missing packages and the pip command, or nothing."""
     missing = []
     for module in SERVER_PACKAGES:
@@ -110,7 +110,7 @@ def _read_text(path, flag):
                           'line.') from None
 
 
-def read_token(path):
+def read_token(path: str) -> str:
     """The bearer token in ``path``: one line, no spaces."""
     token = _read_text(path, '--auth_token_file').strip()
     if not token or any(c.isspace() for c in token):
@@ -119,7 +119,7 @@ def read_token(path):
     return token
 
 
-def check_tls(certfile, keyfile):
+def check_tls(certfile: str, keyfile: str) -> None:
     """The certificate and key load as a pair (ssl's own check), named if not."""
     import ssl
     for flag, path in (('--ssl_certfile', certfile), ('--ssl_keyfile', keyfile)):
@@ -133,7 +133,7 @@ def check_tls(certfile, keyfile):
             from None
 
 
-def bind(host, port):
+def bind(host: str, port: int) -> List[socket.socket]:
     """Sockets bound to every address ``host`` resolves to (not yet listening)."""
     try:
         addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
