@@ -105,8 +105,8 @@ class ModelWorker:
     def start(self, should_stop: Optional[Callable[[], Any]] = None) -> Any:
         """Spawns the worker and waits for its model: the ServedModel's front (its runs go to
         this worker), or None when ``should_stop()`` turned true meanwhile. The load's
-        exception is raised here; a worker that dies loading raises WorkerDied."""
-        from psanet.errors import UserError
+        exception is raised here; a worker that dies loading raises a DeployError."""
+        from psanet.errors import DeployError, UserError
         context = multiprocessing.get_context('spawn')  # no forked Paddle or CUDA state
         self._conn, child = context.Pipe()
         self.process = context.Process(target=_serve_runs, args=(child, self.load_args),
@@ -119,13 +119,14 @@ class ModelWorker:
                 return None
             if not self.process.is_alive():
                 self.process.join()
-                raise WorkerDied(f'the model worker (pid {self.process.pid}) '
-                                 f'{_exit_reason(self.process.exitcode)} while it loaded the '
-                                 'model')
+                raise DeployError(f'the model worker (pid {self.process.pid}) '
+                                  f'{_exit_reason(self.process.exitcode)} while it loaded the '
+                                  'model: see the lines above; the server did not start.')
         try:
             kind, payload = self._conn.recv()
         except (EOFError, OSError):
-            raise WorkerDied(self._death('while it loaded the model')) from None
+            raise DeployError(self._death('while it loaded the model') + ': see the lines '
+                              'above; the server did not start.') from None
         if kind == 'error':
             self.end()
             if isinstance(payload, UserError):
