@@ -65,9 +65,13 @@ def _serve_runs(conn: Any, load_args: Tuple[Any, ...]) -> None:
         except Exception as error:  # the request answers it; the next one is served
             if not isinstance(error, UserError):
                 traceback.print_exc()
-            conn.send(('error', _portable(error)))
-            continue
-        conn.send(('ok', result))
+            result, kind = _portable(error), 'error'
+        else:
+            kind = 'ok'
+        try:
+            conn.send((kind, result))
+        except OSError:  # the server is gone (killed): nobody waits for the answer
+            return
 
 
 def _exit_reason(exitcode: Optional[int]) -> str:
