@@ -5,6 +5,9 @@ attention explorer page (docs/deploy.md, "Serving").
     python serve.py --config configs/psanet/<config>.yml --model_path output/best_model/model.pdparams
 """
 import argparse
+import logging
+import os
+import sys
 
 from psanet.cli import exit_with, run_cli
 from psanet.deploy.backends import EXPORT_BACKENDS
@@ -77,5 +80,17 @@ def main(argv=None):
     return run_cli(lambda: serve(ServeOptions(**flags)))
 
 
+def exit_now(code):
+    """Ends the server at once once it has stopped (answers sent, its worker ended): the
+    interpreter's teardown of Paddle's modules would add seconds to the drain (measured:
+    4.5 s on a loaded 2-core machine, docs/deploy.md "Serving: measured")."""
+    if code not in (0, None):
+        exit_with(code)  # an error's line and code, as every command line
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 if __name__ == '__main__':
-    exit_with(main())
+    exit_now(main())

@@ -1,12 +1,15 @@
 """serve.py under load on the loopback: requests/s and latency at concurrency 1, 4 and 16, with
 and without dynamic batching, the server's memory before and after, the server's overhead
-against calling psanet.Segmenter in one process, the warm-up, deadlines, and the SIGTERM drain
-with and without CPU hogs beside the server.
+against calling psanet.Segmenter in one process, the warm-up, deadlines, a run in progress
+(how fast /health and a deadline's 504 answer meanwhile), and the SIGTERM drain with and
+without CPU hogs beside the server; with --compare_root, the stall and the drain also of
+another checkout's serve.py (e.g. one before the model moved to its worker), side by side.
 
     python bench/bench_serve.py [--config DEPLOY_YAML] [--size 256 128] [--requests 96]
         [--time_limit_s 60] [--max_batch 8] [--max_wait_ms 5] [--cpu_threads N]
         [--deadline_s 0.25] [--graceful_timeout_s 2] [--drain_requests 64]
-        [--parts load warmup deadline drain]
+        [--drain_size 512 256] [--stall_size 1024 512] [--compare_root DIR]
+        [--parts load warmup deadline stall drain]
 
 Protocol (docs/deploy.md, "Serving: measured"): one export (default: the mini config's
 PSANet with its initial weights, exported with export.py's defaults); one PNG of --size,
@@ -27,7 +30,9 @@ burst. Deadlines: the batching server at concurrency 16 with ``X-Request-Timeout
 a server with ``--graceful_timeout_s`` gets --drain_requests at once and SIGTERM once it has
 read them all; with as many CPU hogs (busy processes) as CPUs beside it, and without: the
 answers (200, 503, none), the last answer's and the exit's time after the signal, the exit
-code.
+code, against the bound (--graceful_timeout_s + the server's DRAIN_BACKSTOP_S). Stall: a
+--max_batch 1 server runs one --stall_size image (timed); 0.5 s into it, GET /health and a
+--size request with ``X-Request-Timeout-S --deadline_s`` at once, each timed to its answer.
 """
 import argparse
 import concurrent.futures
@@ -44,7 +49,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 CONCURRENCY = (1, 4, 16)
-PARTS = ['load', 'warmup', 'deadline', 'drain']
+PARTS = ['load', 'warmup', 'deadline', 'stall', 'drain']
 
 
 def parse_args():
@@ -62,6 +67,13 @@ def parse_args():
                         help='X-Request-Timeout-S of the deadline pass.')
     parser.add_argument('--graceful_timeout_s', type=int, default=2)
     parser.add_argument('--drain_requests', type=int, default=64)
+    parser.add_argument('--drain_size', type=int, nargs=2, default=None, metavar=('W', 'H'),
+                        help='The drain\'s image size. Default: --size.')
+    parser.add_argument('--stall_size', type=int, nargs=2, default=(1024, 512),
+                        metavar=('W', 'H'), help='The image whose run the stall part times.')
+    parser.add_argument('--compare_root', default=None,
+                        help='Another checkout of this project: its serve.py is measured beside '
+                        'this one in the stall and drain parts.')
     parser.add_argument('--parts', nargs='+', default=PARTS, choices=PARTS,
                         help='What to measure. Default: all.')
     return parser.parse_args()
@@ -91,19 +103,35 @@ def _rss_mib(pid):
     return float('nan')
 
 
+def _backstop_s(root):
+    """DRAIN_BACKSTOP_S of the checkout ``root`` (read, not imported: it may be another one)."""
+    import re
+    with open(os.path.join(root, 'psanet', 'serve', 'app.py')) as f:
+        return int(re.search(r'^DRAIN_BACKSTOP_S = (\d+)', f.read(), re.M).group(1))
+
+
+def _png(path, size):
+    import cv2
+    rng = np.random.RandomState(0)
+    cv2.imwrite(path, cv2.resize(rng.randint(0, 256, (6, 8, 3)).astype('uint8'), tuple(size),
+                                 interpolation=cv2.INTER_CUBIC))
+    with open(path, 'rb') as f:
+        return f.read()
+
+
 class Server:
-    def __init__(self, deploy, args, max_batch, log, *flags):
+    def __init__(self, deploy, args, max_batch, log, *flags, root=ROOT):
         import httpx
         self.port = _free_port()
         self.url = f'http://127.0.0.1:{self.port}'
-        command = [sys.executable, os.path.join(ROOT, 'serve.py'), '--config', deploy,
+        command = [sys.executable, os.path.join(root, 'serve.py'), '--config', deploy,
                    '--port', str(self.port), '--max_batch', str(max_batch),
                    '--max_wait_ms', str(args.max_wait_ms), '--max_queue', '256', *flags]
         if args.cpu_threads:
             command += ['--cpu_threads', str(args.cpu_threads)]
         start = time.perf_counter()
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                        env=dict(os.environ, PYTHONPATH=ROOT))
+                                        env=dict(os.environ, PYTHONPATH=root), cwd=root)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and self.process.poll() is None:
             try:
@@ -213,12 +241,41 @@ def _hogs(count):
     return [subprocess.Popen([sys.executable, '-c', 'while True: pass']) for _ in range(count)]
 
 
-def _sigterm_drain(deploy, args, body, log, hogs):
+def _stall(deploy, args, big, small, log, root):
+    """(run s, /health ms, the deadline request's status and ms) while a --stall_size image
+    runs alone."""
+    import httpx
+    pixels = str(args.stall_size[0] * args.stall_size[1])
+    server = Server(deploy, args, 1, log, '--max_pixels', pixels, '--max_body_bytes',
+                    str(len(big) + 1), root=root)
+    try:
+        _post(server.url, big)  # its kernels made
+        def timed(function, *call_args, **kwargs):
+            asked = time.perf_counter()
+            answer = function(*call_args, **kwargs)
+            return answer, 1000 * (time.perf_counter() - asked)
+
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            start = time.perf_counter()
+            running = pool.submit(_post, server.url, big)
+            time.sleep(0.5)  # read, preprocessed: running
+            health = pool.submit(timed, httpx.get, f'{server.url}/health', timeout=300)
+            late = pool.submit(timed, _post, server.url, small,
+                               {'X-Request-Timeout-S': str(args.deadline_s)})
+            (health, health_ms), (late, late_ms) = health.result(), late.result()
+            assert running.result().status_code == 200 and health.status_code == 200
+            run_s = time.perf_counter() - start
+    finally:
+        server.stop()
+    return run_s, health_ms, late.status_code, late_ms
+
+
+def _sigterm_drain(deploy, args, body, log, hogs, root=ROOT):
     """(in flight at the signal, 200s, 503s, others, s to the last answer, s to the exit, exit
     code) of --drain_requests sent at once and SIGTERM once all are read."""
     import httpx
     server = Server(deploy, args, args.max_batch, log, '--graceful_timeout_s',
-                    str(args.graceful_timeout_s))
+                    str(args.graceful_timeout_s), root=root)
     busy = _hogs(os.cpu_count() if hogs else 0)
     answered = {}
 
@@ -256,16 +313,11 @@ def main():
     sys.stdout.reconfigure(line_buffering=True)
     import logging
     logging.getLogger('httpx').setLevel(logging.WARNING)  # not a line per request
-    import cv2
     from psanet import Segmenter
     with tempfile.TemporaryDirectory(prefix='bench_serve_') as work:
         deploy = args.config or _export(work)
         image = os.path.join(work, 'image.png')
-        rng = np.random.RandomState(0)
-        cv2.imwrite(image, cv2.resize(rng.randint(0, 256, (6, 8, 3)).astype('uint8'),
-                                      tuple(args.size), interpolation=cv2.INTER_CUBIC))
-        with open(image, 'rb') as f:
-            body = f.read()
+        body = _png(image, args.size)
         import httpx
         log = open(os.path.join(work, 'serve.log'), 'w')
         print(f'export {deploy}, image {args.size[0]}x{args.size[1]} PNG ({len(body)} bytes), '
@@ -333,17 +385,32 @@ def main():
                 print(f'| {deadline_s:g} | 16 | {args.requests} | {ok} | {late} | {other} '
                       f'| {ok_ms:.1f} | {late_ms:.1f} |')
             server.stop()
+        roots = [('this tree', ROOT)] + ([('compare', os.path.abspath(args.compare_root))]
+                                         if args.compare_root else [])
+        if 'stall' in args.parts:
+            big = _png(os.path.join(work, 'big.png'), args.stall_size)
+            print(f'\n| serve.py | a {args.stall_size[0]}x{args.stall_size[1]} run s '
+                  f'| /health during it ms | X-Request-Timeout-S {args.deadline_s:g} during it: '
+                  'status | after ms |')
+            print('|---|---:|---:|---:|---:|')
+            for name, root in roots:
+                run_s, health_ms, status, late_ms = _stall(deploy, args, big, body, log, root)
+                print(f'| {name} | {run_s:.2f} | {health_ms:.0f} | {status} | {late_ms:.0f} |')
         if 'drain' in args.parts:
-            print('\n| CPU hogs | requests | in flight at SIGTERM | 200 | 503 | none '
-                  '| last answer s | exit s | bound s | exit code |')
-            print('|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|')
-            from psanet.serve.app import DRAIN_BACKSTOP_S
+            drain_body = body if args.drain_size is None else _png(
+                os.path.join(work, 'drain.png'), args.drain_size)
+            width, height = args.drain_size or args.size
+            print(f'\n| serve.py | CPU hogs | {width}x{height} requests | in flight at SIGTERM '
+                  '| 200 | 503 | none | last answer s | exit s | bound s | exit code |')
+            print('|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|')
             for hogs in (False, True):
-                in_flight, ok, refused, none, last, exited, code = _sigterm_drain(
-                    deploy, args, body, log, hogs)
-                print(f'| {os.cpu_count() if hogs else 0} | {args.drain_requests} | {in_flight} '
-                      f'| {ok} | {refused} | {none} | {last:.2f} | {exited:.2f} '
-                      f'| {args.graceful_timeout_s + DRAIN_BACKSTOP_S} | {code} |')
+                for name, root in roots:
+                    in_flight, ok, refused, none, last, exited, code = _sigterm_drain(
+                        deploy, args, drain_body, log, hogs, root)
+                    print(f'| {name} | {os.cpu_count() if hogs else 0} | {args.drain_requests} '
+                          f'| {in_flight} | {ok} | {refused} | {none} | {last:.2f} '
+                          f'| {exited:.2f} | {args.graceful_timeout_s + _backstop_s(root)} '
+                          f'| {code} |')
         log.close()
 
 

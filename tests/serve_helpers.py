@@ -1,7 +1,9 @@
 """Starting serve.py as a user does, on a free loopback port, for the server's tests; and a
 stand-in for a slow backend: ``python tests/serve_helpers.py GATE_DIR <serve.py flags>`` runs
-serve.py with every model run held while GATE_DIR/closed exists and logged in GATE_DIR/runs."""
+serve.py with every model run (in its worker process) held while GATE_DIR/closed exists and
+logged in GATE_DIR/runs."""
 import contextlib
+import ctypes
 import json
 import os
 import socket
@@ -90,6 +92,12 @@ class Gate:
         if os.path.exists(self._closed):
             os.remove(self._closed)
 
+    def hold_gil(self, seconds):
+        """From now on each run also holds the worker's GIL for ``seconds`` (0: not), as
+        Paddle Inference holds it for a whole run."""
+        with open(os.path.join(self.folder, 'hold_gil'), 'w') as f:
+            f.write(str(int(seconds)))
+
     def events(self):
         """``[(event, [N, 3, H, W])]``: 'enter' when a run begins, 'done' when it returns."""
         if not os.path.exists(self._log):
@@ -113,8 +121,9 @@ class Gate:
             time.sleep(0.02)
 
 
-def _gated_serve(folder, argv):
-    """serve.py with Pipeline.run held at the gate (the server's one model thread runs it)."""
+def _hold_runs(folder):
+    """Pipeline.run held at the gate: the model worker's runs (the server spawns it with this
+    file as its main module, ``__mp_main__``)."""
     sys.path.insert(0, ROOT)
     from psanet.deploy.pipeline import Pipeline
     gate, run = Gate(folder), Pipeline.run
@@ -127,11 +136,19 @@ def _gated_serve(folder, argv):
         log('enter', batch)
         while os.path.exists(gate._closed):
             time.sleep(0.01)
+        hold = os.path.join(gate.folder, 'hold_gil')
+        if os.path.exists(hold):
+            with open(hold) as f:
+                ctypes.PyDLL(None).sleep(int(f.read()))  # PyDLL: the GIL stays held
         output = run(self, batch)
         log('done', batch)
         return output
 
     Pipeline.run = gated_run
+
+
+def _gated_serve(argv):
+    sys.path.insert(0, ROOT)
     import serve
     from psanet.cli import exit_with
     exit_with(serve.main(argv))
@@ -172,4 +189,6 @@ def running_server(args, log_path, start_timeout=180, gate=None, wait_for='/read
 
 
 if __name__ == '__main__':
-    _gated_serve(sys.argv[1], sys.argv[2:])
+    _gated_serve(sys.argv[2:])
+elif __name__ == '__mp_main__' and len(sys.argv) > 1 and os.path.isdir(sys.argv[1]):
+    _hold_runs(sys.argv[1])

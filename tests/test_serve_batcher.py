@@ -1,8 +1,8 @@
 """The batcher on its own, with a model stand-in that records its runs and can be held: the
 queue holds exactly --max_queue, a collection exactly --max_batch (3: not a power of two),
 --max_wait_ms from both sides, deadlines (a request past its own leaves the queue and never
-runs), the drain (one request a run, then 503 to what still waits), the warm-up's runs, and
-what every request gets back (its own rows of the output)."""
+runs), the drain (one request a run, then 503 to what still waits or runs), the warm-up's
+runs, and what every request gets back (its own rows of the output)."""
 import asyncio
 import threading
 import time
@@ -172,7 +172,7 @@ def test_a_request_whose_deadline_passes_while_it_waits_for_company_never_runs(s
     assert _run(main()) == [[2]]
 
 
-def test_the_drain_runs_one_at_a_time_then_refuses_what_waits(stand_in):
+def test_the_drain_runs_one_at_a_time_then_refuses_what_waits_or_runs(stand_in):
     async def main():
         batcher = await _started(stand_in, max_batch=3, max_queue=8)
         first = await _one_running(stand_in, batcher)
@@ -190,9 +190,10 @@ def test_the_drain_runs_one_at_a_time_then_refuses_what_waits(stand_in):
         return results, stand_in.batches
     results, batches = _run(main())
     assert batches == [[0], [1], [2]]  # one a run while draining
-    assert [float(r[0][0]) for r in results[:3]] == [0, 10, 20]
-    assert all(isinstance(r, Stopping) and '--graceful_timeout_s' in str(r)
-               for r in results[3:])
+    assert [float(r[0][0]) for r in results[:2]] == [0, 10]
+    # The run held past the bound is answered 503 then, as what still waits.
+    assert isinstance(results[2], Stopping) and 'run did not end' in str(results[2])
+    assert all(isinstance(r, Stopping) and 'did not reach' in str(r) for r in results[3:])
 
 
 def test_the_warm_up_runs_each_batch_size_before_any_request(stand_in):

@@ -10,8 +10,11 @@ driven by real clients (httpx, Triton's tritonclient, Prometheus' parser):
 - deadlines (the X-Request-Timeout-S header, the protocol's timeout, --request_timeout_s):
   504 while queued, and the request never runs;
 - /metrics scraped after a known set of requests: every count;
+- the model in its worker: /health and a deadline's 504 answer while a run holds the
+  worker's GIL; a killed worker's requests get 503, /ready 503 until it is back;
 - the warm-up (one run per batch size before /ready says ready) and the bounded drain
-  (SIGTERM: the queue's 503 at --graceful_timeout_s, the run in progress answered, exit 0);
+  (SIGTERM during a run that never ends: 503 to it and the queue at --graceful_timeout_s,
+  the worker killed, exit 0);
 - bearer-token auth over TLS with a self-signed certificate made here;
 - bad flags, a bad config and missing packages refused with one line before the model loads.
 """
@@ -34,6 +37,8 @@ import numpy as np
 import pytest
 
 from psanet import Segmenter
+from psanet.serve.app import DRAIN_BACKSTOP_S
+from psanet.serve.worker import END_GRACE_S
 from conftest import ROOT, finish, read_text, run_process
 from serve_helpers import (SERVE_SCRIPT, Gate, assert_refused, free_port, make_image,
                            png_labels, post_image, running_server, triton_image)
@@ -44,6 +49,7 @@ MAX_PIXELS = 100 * 62         # an image of 100x62 is exactly at the limit,
 OVER_PIXELS = (117, 53)       # 6201 pixels one over it
 SIZE = (96, 64)               # the images the queue tests send (6144 pixels)
 DEADLINE_SIZES = [(80, 48), (72, 40)]  # sizes only a timed-out request has
+DRAIN_GRACE_S = 2
 
 
 @pytest.fixture(scope='module')
@@ -71,16 +77,29 @@ def _server_flags(mini_export, *more):
 
 
 @pytest.fixture(scope='module')
-def gated(mini_export, tmp_path_factory):
-    """``(url, gate, log)`` of a server held by a gate, open between tests."""
+def started(mini_export, tmp_path_factory):
+    """``(process, url, gate, log)`` of the module's server, held by a gate: started closed, in
+    its warm-up (``--warmup_size 80 48``); the warm-up test runs first, the drain test last."""
     root = tmp_path_factory.mktemp('gated_server')
     gate = Gate(root / 'gate')
+    gate.close()
     flags = _server_flags(mini_export, '--max_batch', MAX_BATCH, '--max_queue', MAX_QUEUE,
                           '--max_wait_ms', 100, '--max_body_bytes', MAX_BODY,
-                          '--max_pixels', MAX_PIXELS)
-    with running_server(flags, root / 'serve.log', gate=gate) as (_, url):
-        yield url, gate, str(root / 'serve.log')
+                          '--max_pixels', MAX_PIXELS, '--warmup_size', 80, 48,
+                          '--graceful_timeout_s', DRAIN_GRACE_S)
+    with running_server(flags, root / 'serve.log', gate=gate, wait_for='/health') as (
+            process, url):
+        yield process, url, gate, str(root / 'serve.log')
     assert 'Traceback' not in read_text(root / 'serve.log')
+
+
+@pytest.fixture(scope='module')
+def gated(started):
+    """``(url, gate, log)`` of the module's server, warmed up, its gate open between tests."""
+    _, url, gate, log = started
+    gate.open()
+    _wait_ready(url)
+    return url, gate, log
 
 
 def _wait_ready(url, timeout=120):
@@ -102,6 +121,23 @@ def _wait_stats(url, client=None, timeout=120, **want):
             return stats
         assert time.monotonic() < deadline, (want, stats)
         time.sleep(0.02)
+
+
+def test_the_warm_up_runs_every_batch_size_before_ready(started, images, seg):
+    _, url, gate, _ = started
+    gate.wait_entered(1)
+    assert_refused(httpx.get(f'{url}/ready', timeout=30), 503, 'warming up')
+    assert_refused(httpx.get(f'{url}/v2/health/ready', timeout=30), 503, 'warming up')
+    assert httpx.get(f'{url}/health', timeout=30).status_code == 200
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        early = pool.submit(post_image, url, images['q0'])  # waits for the warm-up
+        _wait_stats(url, waiting=1)
+        gate.open()
+        assert np.array_equal(png_labels(early.result())[0], seg(images['q0']))
+    _wait_ready(url)
+    # One run of each batch size max_batch 3 can form (1, 2) at 80x48, then the request.
+    assert gate.runs() == [[1, 3, 48, 80], [2, 3, 48, 80], [1, 3, 64, 96]]
+    assert _stats(url)['warmup_s'] > 0
 
 
 def test_the_queue_holds_max_queue_ready_says_so_and_runs_hold_max_batch(gated, images, seg,
@@ -214,6 +250,57 @@ def test_a_request_past_its_deadline_in_the_queue_gets_504_and_never_runs(gated,
                    'X-Request-Timeout-S')
 
 
+HOLD_S = 5  # how long the stand-in run holds its process's GIL
+
+
+def test_during_a_run_holding_the_gil_health_and_a_deadline_answer_before_it_ends(gated,
+                                                                                   images):
+    """Paddle Inference holds the GIL for a whole run (the gate's hold_gil stands in for it);
+    the model's worker holds its own, so /health and a 0.25 s deadline's 504 come first."""
+    url, gate, _ = gated
+    base, runs_before = gate.entered(), len(gate.runs())
+    gate.hold_gil(HOLD_S)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        try:
+            running = pool.submit(post_image, url, images['q0'])
+            gate.wait_entered(base + 1)
+            entered = time.monotonic()
+            health = httpx.get(f'{url}/health', timeout=30)
+            late = post_image(url, images['late0'], headers={'X-Request-Timeout-S': '0.25'})
+            answered_s = time.monotonic() - entered
+            ran_meanwhile = len(gate.runs()) - runs_before
+        finally:
+            gate.hold_gil(0)
+        assert running.result().status_code == 200
+    assert health.status_code == 200 and health.json() == {'status': 'ok'}
+    assert_refused(late, 504, 'deadline', 'did not run')
+    assert ran_meanwhile == 0 and answered_s < HOLD_S - 1, (ran_meanwhile, answered_s)
+
+
+def test_a_killed_worker_fails_its_requests_with_503_and_comes_back(gated, images, seg):
+    url, gate, log = gated
+    base, pid = gate.entered(), _stats(url)['worker']['pid']
+    gate.close()
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        try:
+            running = pool.submit(post_image, url, images['q0'])
+            gate.wait_entered(base + 1)
+            queued = pool.submit(post_image, url, images['late1'])
+            _wait_stats(url, waiting=1)
+            os.kill(pid, signal.SIGKILL)
+            assert_refused(running.result(timeout=60), 503, f'pid {pid}', 'killed by SIGKILL',
+                           'send it again')
+            assert_refused(queued.result(timeout=60), 503, 'killed by SIGKILL', 'restarting')
+            assert_refused(httpx.get(f'{url}/ready', timeout=30), 503, 'restarting')
+        finally:
+            gate.open()
+    _wait_ready(url)
+    worker = _stats(url)['worker']
+    assert worker['restarts'] == 1 and worker['pid'] != pid and worker['alive'], worker
+    assert np.array_equal(png_labels(post_image(url, images['q2']))[0], seg(images['q2']))
+    assert f'the model worker (pid {pid}) was killed by SIGKILL' in read_text(log)
+
+
 def _scrape(url, client=None):
     """{(sample name, sorted label items): value} of /metrics, read by Prometheus' parser."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -314,44 +401,15 @@ def test_metrics_count_every_request_run_refusal_and_timeout(gated, images, mini
                      'export_hash': digest.hexdigest()[:16]}]
 
 
-@pytest.fixture(scope='module')
-def warming(mini_export, tmp_path_factory):
-    """A server held in its warm-up (``--warmup_size 80 48 --max_batch 5``), which the drain
-    test then stops."""
-    root = tmp_path_factory.mktemp('warming_server')
-    gate = Gate(root / 'gate')
-    gate.close()
-    flags = _server_flags(mini_export, '--max_batch', 5, '--max_wait_ms', 20,
-                          '--warmup_size', 80, 48, '--graceful_timeout_s', 2)
-    with running_server(flags, root / 'serve.log', gate=gate, wait_for='/health') as (
-            process, url):
-        yield process, url, gate, str(root / 'serve.log')
-
-
-def test_the_warm_up_runs_every_batch_size_before_ready(warming, images, seg):
-    _, url, gate, _ = warming
-    gate.wait_entered(1)
-    assert_refused(httpx.get(f'{url}/ready', timeout=30), 503, 'warming up')
-    assert_refused(httpx.get(f'{url}/v2/health/ready', timeout=30), 503, 'warming up')
-    assert httpx.get(f'{url}/health', timeout=30).status_code == 200
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        early = pool.submit(post_image, url, images['q0'])  # waits for the warm-up
-        _wait_stats(url, waiting=1)
-        gate.open()
-        assert np.array_equal(png_labels(early.result())[0], seg(images['q0']))
-    _wait_ready(url)
-    # One run of each batch size 5 can form (1, 2, 4) at 80x48, then the request.
-    assert gate.runs() == [[1, 3, 48, 80], [2, 3, 48, 80], [4, 3, 48, 80], [1, 3, 64, 96]]
-    assert _stats(url)['warmup_s'] > 0
-
-
-def test_sigterm_drain_answers_the_run_refuses_the_queue_and_exits_in_time(warming, images,
-                                                                            seg):
-    process, url, gate, log = warming
-    gate.open()
-    _wait_ready(url)  # the warm-up done (when this test runs alone)
+def test_sigterm_during_a_held_run_answers_503_at_the_bound_and_exits_0(started, gated,
+                                                                         images):
+    """The run never ends (the gate stays closed): at --graceful_timeout_s it and the queue get
+    503, the worker is killed, and the server exits 0 within the bound (the module's last use
+    of its server)."""
+    process, url, gate, log = started
     base = gate.entered()
     gate.close()
+    bound_s = DRAIN_GRACE_S + DRAIN_BACKSTOP_S + END_GRACE_S
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         try:
             running = pool.submit(post_image, url, images['q0'])
@@ -360,19 +418,20 @@ def test_sigterm_drain_answers_the_run_refuses_the_queue_and_exits_in_time(warmi
             _wait_stats(url, waiting=2)
             signalled = time.monotonic()
             process.send_signal(signal.SIGTERM)
-            answers = [f.result() for f in queued]
+            answers = [f.result(timeout=bound_s + 10) for f in (running, *queued)]
             refused_after = time.monotonic() - signalled
-            for answer in answers:  # held until --graceful_timeout_s, then refused
-                assert_refused(answer, 503, 'stopping', '--graceful_timeout_s')
-            assert refused_after > 1.5, refused_after
-            assert not running.done()  # the run in progress goes on
+            assert_refused(answers[0], 503, 'stopping', 'run did not end', 'abandoned',
+                           '--graceful_timeout_s')
+            for answer in answers[1:]:
+                assert_refused(answer, 503, 'stopping', 'did not reach', '--graceful_timeout_s')
+            assert refused_after > DRAIN_GRACE_S - 0.5, refused_after
             with pytest.raises(httpx.TransportError):  # no new connection taken
                 httpx.get(f'{url}/health', timeout=5)
+            finish(process, timeout=bound_s + 10)
         finally:
             gate.open()
-        assert np.array_equal(png_labels(running.result())[0], seg(images['q0']))
-    finish(process, timeout=30)
     assert process.returncode == 0, read_text(log)
+    assert 'the model worker is killed' in read_text(log)
     assert 'Traceback' not in read_text(log)
 
 
@@ -447,11 +506,11 @@ def _serve_main(argv, monkeypatch, capsys):
     """serve.main(argv) in this process with the model load replaced by a failure: ``(exit
     code, stderr)`` of a start refused before anything loads."""
     import serve
-    import psanet.serve.served_model as served_model
+    from psanet.serve.worker import ModelWorker
 
     def load(*args, **kwargs):
         raise AssertionError('the model loaded before the flags were checked')
-    monkeypatch.setattr(served_model, 'load_served_model', load)
+    monkeypatch.setattr(ModelWorker, 'start', load)
     code = serve.main([str(a) for a in argv])
     return code, capsys.readouterr().err
 

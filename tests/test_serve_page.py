@@ -213,14 +213,14 @@ def test_behind_a_token_the_page_takes_it_from_its_address(browser, mini_weights
 
 @pytest.fixture(scope='module')
 def attention(mini_weights, image_path):
-    """``(model, add)``: ``add(kept)`` keeps this test's forward in an ExploredImages and
-    returns its id; and the bytes of one image's maps."""
+    """``(align_corners, add, one)``: the model's align_corners; ``add(kept)`` keeps this
+    test's forward in an ExploredImages and returns its id; the bytes of one image's maps."""
     model, image, x, records = _attention(image_path, mini_weights)
     label = np.zeros(image.shape[:2], np.uint8)
 
     def add(kept):
         return kept.add(image.shape[:2], x, ([], image.shape[:2]), records, label)['id']
-    return model, add, sum(record.attention.nbytes for record in records)
+    return model.align_corners, add, sum(record.attention.nbytes for record in records)
 
 
 def _kept(explored, ids):
@@ -235,20 +235,20 @@ def _kept(explored, ids):
 
 def test_the_explorer_keeps_its_maps_within_its_bytes(attention):
     from psanet.serve.explore import ExploredImages
-    model, add, one = attention
-    kept = ExploredImages(model, capacity=8, max_bytes=2 * one)
+    align_corners, add, one = attention
+    kept = ExploredImages(align_corners, capacity=8, max_bytes=2 * one)
     ids = [add(kept) for _ in range(3)]
     assert _kept(kept, ids) == [False, True, True]  # the oldest went: two fit, exactly
-    alone = ExploredImages(model, max_bytes=one)  # one image's maps exactly at the limit
+    alone = ExploredImages(align_corners, max_bytes=one)  # one image's maps exactly at the limit
     assert _kept(alone, [add(alone)]) == [True]
     with pytest.raises(OverflowError, match='over the explorer'):
-        add(ExploredImages(model, max_bytes=one - 1))
+        add(ExploredImages(align_corners, max_bytes=one - 1))
 
 
 def test_the_explorer_keeps_its_capacity_and_evicts_the_least_recently_used(attention):
     from psanet.serve.explore import ExploredImages
-    model, add, _ = attention
-    kept = ExploredImages(model, capacity=3)
+    align_corners, add, _ = attention
+    kept = ExploredImages(align_corners, capacity=3)
     ids = [add(kept) for _ in range(3)]
     assert _kept(kept, ids) == [True, True, True]  # all of its capacity
     kept.point(ids[0], 1, 1)  # the first is now the most recently used

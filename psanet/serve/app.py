@@ -7,9 +7,11 @@ Routes: ``POST /v1/segment`` (an image -> palette PNG or JSON), ``GET /v1/model`
 (:mod:`psanet.serve.v2`), the explorer page (``/explorer/``, ``POST /v1/explore``,
 ``GET /v1/explore/{id}``) and ``/openapi.json``. Every refusal is a 4xx, 503 or 504
 with one-line JSON ``{"error": ...}``; a failure inside is a 500 with one line, and
-the next request is served. SIGTERM: no new connection is taken, the queue is
-served one request a run until ``--graceful_timeout_s``, what still waits then
-gets 503, the run in progress is answered, and the process exits 0.
+the next request is served. The model runs in a worker process
+(:mod:`psanet.serve.worker`): the event loop answers probes, deadlines and
+signals during a run. SIGTERM: no new connection is taken, the queue is served
+one request a run until ``--graceful_timeout_s``, what still waits or runs then
+gets 503 (the worker killed), and the process exits 0.
 """
 import asyncio
 import contextlib
@@ -22,18 +24,19 @@ import numpy as np
 from psanet.contract import palette_png
 from psanet.errors import DeployError, UserError
 
-from .batcher import Batcher, DeadlineExceeded, QueueFull, Stopping, batch_sizes
+from .batcher import Batcher, DeadlineExceeded, QueueFull, Restarting, Stopping, batch_sizes
 from .startup import ServeOptions
 from .uploads import RequestError, decode_image, parse_timeout, read_image_bytes
+from .worker import WorkerDied
 
 __all__ = ['ServeOptions', 'Service', 'create_app', 'serve']
 
 EXPLORER_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'explorer')
 RETRY_AFTER_S = 1
 TIMEOUT_HEADER = 'X-Request-Timeout-S'
-# After --graceful_timeout_s, how long uvicorn still waits for answers (the run in progress)
-# before it cuts the connections left.
-DRAIN_BACKSTOP_S = 10
+# After --graceful_timeout_s (every request answered by then), how long uvicorn still waits
+# for the answers to be sent before it cuts the connections left.
+DRAIN_BACKSTOP_S = 3
 # Routes a load balancer's probe reaches without the token, and the page's static files.
 OPEN_PATHS = ('/health', '/ready', '/v2/health/live', '/v2/health/ready', '/', '/explorer')
 OPEN_PREFIXES = ('/explorer/',)
@@ -61,15 +64,17 @@ class Service:
         options (ServeOptions): The server's options.
         metrics (ServerMetrics): Where the counts go.
         warmup_shape (tuple, optional): ``(3, H, W)`` the batcher warms up at.
-        on_failure (callable, optional): Called with the warm-up's exception.
+        on_failure (callable, optional): As the Batcher's.
+        worker (ModelWorker, optional): The process the model runs in.
     """
 
-    def __init__(self, served, options, metrics, warmup_shape=None, on_failure=None):
+    def __init__(self, served, options, metrics, warmup_shape=None, on_failure=None,
+                 worker=None):
         self.served, self.options, self.metrics = served, options, metrics
-        self.seg = served.segmenter
+        self.seg, self.worker = served.segmenter, worker
         self.warmup_shape = warmup_shape
         self.batcher = Batcher(self.seg.run, options.max_batch, options.max_wait_ms / 1000,
-                               options.max_queue, metrics, on_failure)
+                               options.max_queue, metrics, on_failure, worker)
         self.in_flight = 0  # image requests being answered
         metrics.in_flight.set_function(lambda: self.in_flight)
         metrics.queue_depth.set_function(lambda: self.batcher.waiting)
@@ -90,6 +95,10 @@ class Service:
             return 'the model is warming up'
         if state in ('stopping', 'failed'):
             return 'the server is stopping'
+        if state == 'restarting':
+            return f'the model worker is restarting ({self.batcher.worker_error})'
+        if self.worker is not None and not self.worker.alive:
+            return 'the model worker is not running'
         if self.batcher.full:
             return 'the queue is full'
         return None
@@ -122,6 +131,13 @@ class Service:
                                     's.', {'Retry-After': str(RETRY_AFTER_S)}) from None
         except Stopping as stopping:
             raise RequestError(503, str(stopping), {'Connection': 'close'}) from None
+        except Restarting as restarting:
+            raise RequestError(503, str(restarting), {'Retry-After': str(RETRY_AFTER_S)}) \
+                from None
+        except WorkerDied as died:
+            raise RequestError(503, f'{died}: this request\'s run did not end; the server '
+                                    'restarts the worker: send it again in a few seconds.',
+                               {'Retry-After': str(RETRY_AFTER_S)}) from None
         except DeadlineExceeded as late:
             raise RequestError(504, f'the request\'s deadline passed before the model ran it '
                                     f'({late}; --request_timeout_s, the {TIMEOUT_HEADER} header '
@@ -160,17 +176,18 @@ class BearerAuth:
         await response(scope, receive, send)
 
 
-def create_app(served, options, token=None, warmup_shape=None, on_failure=None):
-    """The FastAPI app serving ``served`` (a ServedModel) within ``options``' limits; with
-    ``token`` every route but the probes needs it; ``warmup_shape`` ``(3, H, W)``: /ready
-    says ready once a run of each batch size ran at it."""
+def create_app(served, options, token=None, warmup_shape=None, on_failure=None, worker=None):
+    """The FastAPI app serving ``served`` (a ServedModel's front, its runs in ``worker``)
+    within ``options``' limits; with ``token`` every route but the probes needs it;
+    ``warmup_shape`` ``(3, H, W)``: /ready says ready once a run of each batch size ran at
+    it."""
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, RedirectResponse, Response
     from fastapi.staticfiles import StaticFiles
     from starlette.concurrency import run_in_threadpool
     from starlette.exceptions import HTTPException
-    from .explore import ExploredImages, forward
+    from .explore import ExploredImages
     from .prometheus import CountRequests, ServerMetrics
     from .v2 import add_v2_routes
 
@@ -178,9 +195,10 @@ def create_app(served, options, token=None, warmup_shape=None, on_failure=None):
     metrics = ServerMetrics(batch_sizes(options.max_batch), {
         'model_name': options.model_name, 'backend': str(seg.backend),
         'config': served.source, 'export_hash': served.digest})
-    service = Service(served, options, metrics, warmup_shape, on_failure)
+    service = Service(served, options, metrics, warmup_shape, on_failure, worker)
     batcher = service.batcher
-    explored = ExploredImages(served.model) if served.model is not None else None
+    explored = ExploredImages(served.align_corners) if served.align_corners is not None \
+        else None
     limits = {'max_body_bytes': options.max_body_bytes, 'max_pixels': options.max_pixels}
 
     @contextlib.asynccontextmanager
@@ -259,11 +277,14 @@ def create_app(served, options, token=None, warmup_shape=None, on_failure=None):
 
     @app.get('/v1/stats')
     async def stats():
-        """Runs of the model by batch size, the requests waiting for it and those in flight."""
+        """Runs of the model by batch size, the requests waiting for it and those in flight, and
+        the model's worker process."""
         return {'runs_by_batch_size': {str(k): v for k, v in sorted(batcher.runs.items())},
                 'waiting': batcher.waiting, 'max_queue': options.max_queue,
                 'in_flight': service.in_flight, 'state': batcher.state,
-                'warmup_s': batcher.warmup_s}
+                'warmup_s': batcher.warmup_s, 'worker': None if worker is None else {
+                    'pid': worker.process.pid, 'alive': worker.alive,
+                    'restarts': worker.restarts, 'last_death': batcher.worker_error}}
 
     @app.get('/metrics', response_class=Response)
     async def prometheus():
@@ -276,21 +297,21 @@ def create_app(served, options, token=None, warmup_shape=None, on_failure=None):
             raise RequestError(409, 'the explorer needs the model: this server runs an export; '
                                     'start it with --config <training config> --model_path '
                                     '<weights>.')
+        return explored
 
     @app.post('/v1/explore', openapi_extra=IMAGE_BODY)
     async def explore(request: Request):
         """Runs the model on an image, keeps its attention; returns its id and class map."""
-        need_explorer()
+        kept = need_explorer()
         with service.answering():
             deadline = service.deadline(request)
             image = await read_image(request)
             batch, infos = await service.preprocess(image)
             output, records = await service.result(
-                batcher.submit_call, lambda: forward(seg, served.model, batch),
-                deadline=deadline)
+                batcher.submit_call, lambda: seg.runner.explore(batch), deadline=deadline)
             label = (await run_in_threadpool(seg.postprocess, output, infos))[0]
         try:
-            return await run_in_threadpool(explored.add, image.shape[:2], batch, infos[0],
+            return await run_in_threadpool(kept.add, image.shape[:2], batch, infos[0],
                                            records, label)
         except OverflowError as error:
             raise RequestError(413, str(error)) from None
@@ -298,12 +319,12 @@ def create_app(served, options, token=None, warmup_shape=None, on_failure=None):
     @app.get('/v1/explore/{image_id}')
     async def explore_point(image_id: str, x: int, y: int):
         """The collect and distribute maps of pixel (x, y) of an explored image."""
-        need_explorer()
+        kept = need_explorer()
         try:
-            return await run_in_threadpool(explored.point, image_id, x, y)
+            return await run_in_threadpool(kept.point, image_id, x, y)
         except KeyError:
             raise RequestError(404, f'image {image_id} is no longer kept (the last '
-                                    f'{explored.capacity} are): send it again.') from None
+                                    f'{kept.capacity} are): send it again.') from None
         except ValueError as error:
             raise RequestError(400, str(error)) from None
 
@@ -324,7 +345,7 @@ def _name(names, cls):
     return names[cls] if cls < len(names) else f'class {cls}'
 
 
-def serve(options):
+def serve(options: ServeOptions) -> None:
     """serve.py: checks every flag and binds the address, loads the model, then serves until
     SIGTERM or Ctrl-C (exit 0 after a graceful stop)."""
     from .startup import bind, check_packages, check_tls, read_token
@@ -333,7 +354,7 @@ def serve(options):
     check_config(options.config, options.model_path, options.backend, options.int8,
                  options.cpu_threads)
     token = read_token(options.auth_token_file) if options.auth_token_file else None
-    if options.ssl_certfile is not None:
+    if options.ssl_certfile is not None and options.ssl_keyfile is not None:  # both or none
         check_tls(options.ssl_certfile, options.ssl_keyfile)
     sockets = bind(options.host, options.port)
     try:
@@ -344,14 +365,23 @@ def serve(options):
 
 
 def _serve_on(sockets, options, token):
-    import uvicorn
     from psanet import interrupts
-    from .served_model import load_served_model, warmup_shape
-    served = load_served_model(options.config, options.model_path, options.backend,
-                               options.device, options.int8, options.cpu_threads)
-    if interrupts.requested():  # a stop while the model loaded
-        raise interrupts.stopped(interrupts.requested())
-    shape = warmup_shape(served.segmenter, options.warmup_size)
+    from .served_model import warmup_shape
+    from .worker import ModelWorker
+    worker = ModelWorker((options.config, options.model_path, options.backend, options.device,
+                          options.int8, options.cpu_threads))
+    try:
+        served = worker.start(should_stop=interrupts.requested)
+        if served is None:  # a stop while the model loaded
+            raise interrupts.stopped(interrupts.requested())
+        _run_server(sockets, options, token, served, worker,
+                    warmup_shape(served.segmenter, options.warmup_size))
+    finally:
+        worker.end()
+
+
+def _run_server(sockets, options, token, served, worker, shape):
+    import uvicorn
     if shape is None:
         _logger.info('no warm-up: the model takes each image at its own size (--warmup_size W H '
                      'warms it up for the size you expect)')
@@ -362,11 +392,11 @@ def _serve_on(sockets, options, token):
             app.state.service.batcher.drain(options.graceful_timeout_s)
             await super().shutdown(sockets=sockets)
 
-    def failed(error):
-        failures.append(error)
+    def failed(error, stage):
+        failures.append((error, stage))
         server.should_exit = True
 
-    app = create_app(served, options, token, shape, failed)
+    app = create_app(served, options, token, shape, failed, worker)
     server = Server(uvicorn.Config(
         app, log_level='info', access_log=False, ssl_certfile=options.ssl_certfile,
         ssl_keyfile=options.ssl_keyfile,
@@ -379,8 +409,11 @@ def _serve_on(sockets, options, token):
     # uvicorn raises the signal it stopped on once its handlers are gone: the run_cli
     # handler records it, and the stop is the normal end.
     if failures:
-        error = failures[0]
+        error, stage = failures[0]
         first_line = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+        if stage == 'restart':
+            raise DeployError(f'the model worker died and did not come back '
+                              f'({type(error).__name__}: {first_line}); the server stopped.')
         raise DeployError(f'the warm-up run at {"x".join(map(str, shape))} failed '
                           f'({type(error).__name__}: {first_line}); the server stopped. Give '
                           '--warmup_size W H of an image the model takes.')

@@ -11,7 +11,9 @@ growing once those few have run; the warm-up runs each of them once before the
 first request. A full queue refuses at once (:class:`QueueFull`), so memory stays
 bounded. A request whose deadline passes while it waits leaves the queue with
 :class:`DeadlineExceeded` and never runs. :meth:`Batcher.drain` (SIGTERM) runs one
-request at a time, then refuses what still waits at its deadline (:class:`Stopping`).
+request at a time, then at its bound refuses what still waits or runs (:class:`Stopping`)
+and kills the model's worker (:mod:`.worker`) if a run is in progress. A worker that dies
+fails its run's requests, refuses the queue (:class:`Restarting`) and is restarted.
 Other work for the model thread (the explorer's forward) goes through the same queue,
 alone.
 """
@@ -21,10 +23,12 @@ import concurrent.futures
 import dataclasses
 import logging
 import time
+from typing import Any, Counter, Deque, List, Optional
 
 import numpy as np
 
-__all__ = ['Batcher', 'QueueFull', 'DeadlineExceeded', 'Stopping', 'batch_sizes']
+__all__ = ['Batcher', 'QueueFull', 'DeadlineExceeded', 'Stopping', 'Restarting',
+           'batch_sizes']
 
 _logger = logging.getLogger('psanet.serve')
 
@@ -41,7 +45,11 @@ class Stopping(Exception):
     """The server is stopping (or never got ready) and runs nothing more."""
 
 
-def power_of_two_runs(items):
+class Restarting(Exception):
+    """The model's worker died and is being restarted: nothing runs meanwhile."""
+
+
+def power_of_two_runs(items: List[Any]) -> List[List[Any]]:
     """``items`` in consecutive runs whose lengths are powers of two, the longest first."""
     runs, start = [], 0
     while start < len(items):
@@ -51,7 +59,7 @@ def power_of_two_runs(items):
     return runs
 
 
-def batch_sizes(max_batch):
+def batch_sizes(max_batch: int) -> List[int]:
     """Every batch size the batcher forms: the powers of two up to ``max_batch``."""
     return [1 << b for b in range(max_batch.bit_length())]
 
@@ -75,11 +83,11 @@ class _Observer:
 @dataclasses.dataclass(eq=False)
 class _Job:
     future: asyncio.Future
-    batch: np.ndarray = None  # [1, 3, H, W], or None for a call
-    call: object = None       # a function run alone in the model thread
-    deadline: float = None    # loop time; None: none
+    batch: Optional[np.ndarray] = None  # [1, 3, H, W], or None for a call
+    call: Any = None                    # a function run alone in the model thread
+    deadline: Optional[float] = None    # loop time; None: none
     queued_at: float = 0.0
-    timer: asyncio.TimerHandle = None
+    timer: Optional[asyncio.TimerHandle] = None
 
 
 class Batcher:
@@ -92,66 +100,77 @@ class Batcher:
         max_queue (int): Most requests waiting; more are refused.
         observer (optional): Gets the queue waits, runs, timeouts and refusals
             (:class:`psanet.serve.prometheus.ServerMetrics`).
-        on_failure (callable, optional): Called with the warm-up's exception.
+        on_failure (callable, optional): Called with the exception of a failed warm-up or
+            worker restart, and 'warm-up' or 'restart'.
+        worker (ModelWorker, optional): The process ``run`` runs in (``alive``, ``kill()``,
+            ``restart()``): killed at the drain's bound with a run in progress, restarted
+            (and warmed up again) when it dies.
 
     ``state`` is 'warming' until the warm-up ran (:meth:`start`), then 'ready';
-    'stopping' after :meth:`drain`; 'failed' when the warm-up failed.
+    'restarting' while a dead worker is replaced; 'stopping' after :meth:`drain`; 'failed'
+    when the warm-up or a restart failed. ``worker_error`` says why the worker last died.
     """
 
-    def __init__(self, run, max_batch, max_wait_s, max_queue, observer=None, on_failure=None):
+    def __init__(self, run, max_batch, max_wait_s, max_queue, observer=None, on_failure=None,
+                 worker=None):
         self._run, self.max_batch, self.max_wait_s = run, max_batch, max_wait_s
         self.max_queue = max_queue
         self._observer = observer or _Observer()
-        self._on_failure = on_failure
-        self.runs = collections.Counter()  # batch size -> runs
+        self._on_failure, self._worker = on_failure, worker
+        self.runs: Counter[int] = collections.Counter()  # batch size -> runs
         self.state = 'warming'
-        self.warmup_s = None
-        self._waiting = self._arrived = self._task = self._executor = None
+        self.warmup_s = self.worker_error = self._warmup_shape = None
+        self._waiting: Deque[_Job] = collections.deque()
+        self._arrived = asyncio.Event()
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, 'psanet-model')
+        self._task: Optional[asyncio.Task] = None
+        self._running: List[_Job] = []  # the jobs of the run in progress
         self._draining = self._closed = False
 
-    async def start(self, warmup_shape=None):
+    async def start(self, warmup_shape: Optional[tuple] = None) -> None:
         """Starts the model thread; with ``warmup_shape`` ``(3, H, W)`` it first runs one batch
         of each size it can form (:func:`batch_sizes`), the queue filling meanwhile."""
-        self._waiting, self._arrived = collections.deque(), asyncio.Event()
-        self._executor = concurrent.futures.ThreadPoolExecutor(1, 'psanet-model')
         self._task = asyncio.get_running_loop().create_task(self._serve(warmup_shape))
 
-    async def stop(self):
-        """Ends the loop (the server has answered its requests) and the model thread."""
+    async def stop(self) -> None:
+        """Ends the loop (the server has answered its requests) and the model thread (a run
+        still in progress: its worker killed)."""
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+            if self._running and self._worker is not None:
+                self._worker.kill()
             self._executor.shutdown(wait=True, cancel_futures=True)
 
     @property
-    def waiting(self):
-        return len(self._waiting) if self._waiting is not None else 0
+    def waiting(self) -> int:
+        return len(self._waiting)
 
     @property
-    def full(self):
+    def full(self) -> bool:
         return self.waiting >= self.max_queue
 
-    def submit(self, batch, deadline=None):
+    def submit(self, batch: np.ndarray, deadline: Optional[float] = None) -> asyncio.Future:
         """A future of ``(output rows of batch, the run's batch size)``; ``deadline`` (loop
         time) past while it waits: DeadlineExceeded."""
         return self._put(_Job(asyncio.get_running_loop().create_future(), batch=batch,
                               deadline=deadline))
 
-    def submit_call(self, function, deadline=None):
+    def submit_call(self, function: Any, deadline: Optional[float] = None) -> asyncio.Future:
         """A future of ``function()``, run alone in the model thread."""
         return self._put(_Job(asyncio.get_running_loop().create_future(), call=function,
                               deadline=deadline))
 
-    def drain(self, grace_s):
-        """SIGTERM: from now on one request a run; in ``grace_s`` what still waits gets
-        Stopping, and so does whatever is submitted after that."""
+    def drain(self, grace_s: float) -> None:
+        """SIGTERM: from now on one request a run; in ``grace_s`` what still waits or runs gets
+        Stopping (the worker of a run in progress killed), and so does whatever is submitted
+        after that."""
         if self._draining:
             return
         self._draining, self.state = True, 'stopping'
         loop = asyncio.get_running_loop()
         loop.call_later(grace_s, self._close)
-        if self._arrived is not None:
-            self._arrived.set()  # a collection waiting for company stops waiting
+        self._arrived.set()  # a collection waiting for company stops waiting
 
     def _close(self):
         self._closed = True
@@ -159,6 +178,17 @@ class Batcher:
             self._refuse(self._waiting.popleft(), 'stopping', Stopping(
                 'the server is stopping and did not reach this request within '
                 '--graceful_timeout_s: send it again (to another replica)'))
+        if self._running and not all(job.future.done() for job in self._running):
+            for job in self._running:
+                self._refuse(job, 'stopping', Stopping(
+                    'the server is stopping and this request\'s run did not end within '
+                    '--graceful_timeout_s: it was abandoned; send it again (to another '
+                    'replica)'))
+            if self._worker is not None:
+                _logger.warning('the run in progress did not end within --graceful_timeout_s: '
+                                'its %d request(s) got 503 and the model worker is killed',
+                                len(self._running))
+                self._worker.kill()
 
     def _refuse(self, job, reason, error):
         if job.timer is not None:
@@ -173,6 +203,9 @@ class Batcher:
             self._observer.rejected('stopping')
             raise Stopping('the server is stopping: send the request again (to another '
                            'replica)')
+        if self.state == 'restarting':
+            self._observer.rejected('restarting')
+            raise Restarting(self._restarting_message())
         if job.deadline is not None and loop.time() >= job.deadline:
             self._observer.timed_out()
             raise DeadlineExceeded('its deadline passed before it reached the queue')
@@ -197,15 +230,20 @@ class Batcher:
             job.future.set_exception(DeadlineExceeded(
                 'its deadline passed while it waited in the queue'))
 
+    def _fail(self, error, stage):
+        """The server stops: serve() names the error."""
+        self.state = 'failed'
+        self._close()
+        if self._on_failure is not None:
+            self._on_failure(error, stage)
+
     async def _serve(self, warmup_shape):
+        self._warmup_shape = warmup_shape
         if warmup_shape is not None:
             try:
                 await self._warm_up(warmup_shape)
-            except Exception as error:  # the server stops: serve() names the error
-                self.state = 'failed'
-                self._close()
-                if self._on_failure is not None:
-                    self._on_failure(error)
+            except Exception as error:
+                self._fail(error, 'warm-up')
                 return
         if self.state == 'warming':
             self.state = 'ready'
@@ -215,13 +253,41 @@ class Batcher:
                 jobs = self._runnable(jobs)
                 if jobs:
                     await self._in_thread(jobs, jobs[0].call)
-                continue
-            groups = collections.defaultdict(list)
-            for job in jobs:
-                groups[job.batch.shape].append(job)
-            for group in groups.values():
-                for run in power_of_two_runs(group):
-                    await self._run_group(run)
+            else:
+                groups = collections.defaultdict(list)
+                for job in jobs:
+                    groups[job.batch.shape].append(job)
+                for group in groups.values():
+                    for run in power_of_two_runs(group):
+                        await self._run_group(run)
+            if self._worker is not None and not self._worker.alive and not self._draining:
+                if not await self._restart():
+                    return
+
+    def _restarting_message(self):
+        return (f'{self.worker_error}; the server is restarting it and runs nothing meanwhile: '
+                'send the request again in a few seconds')
+
+    async def _restart(self):
+        """A dead worker replaced and warmed up; False (the server stops) when that failed."""
+        self.state = 'restarting'
+        self.worker_error = self.worker_error or 'the model worker died'
+        _logger.error('%s: its requests got 503; restarting it', self.worker_error)
+        while self._waiting:
+            self._refuse(self._waiting.popleft(), 'restarting',
+                         Restarting(self._restarting_message()))
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._executor, self._worker.restart)
+            if self._warmup_shape is not None:
+                await self._warm_up(self._warmup_shape)
+        except Exception as error:
+            self._fail(error, 'restart')
+            return False
+        if self.state == 'restarting':
+            self.state = 'ready'
+        _logger.info('the model worker is back (restart %d)', self._worker.restarts)
+        return True
 
     async def _warm_up(self, shape):
         loop = asyncio.get_running_loop()
@@ -299,14 +365,22 @@ class Batcher:
 
     async def _in_thread(self, jobs, function, *args):
         """``function(*args)`` in the model thread; its exception goes to every job."""
+        self._running = jobs
         try:
             result = await asyncio.get_running_loop().run_in_executor(self._executor, function,
                                                                       *args)
         except Exception as error:  # the requests answer it; the loop serves the next
+            died = self._worker is not None and not self._worker.alive
+            if died:
+                self.worker_error = str(error)
             for job in jobs:
                 if not job.future.done():
+                    if died:
+                        self._observer.rejected('worker_died')
                     job.future.set_exception(error)
             return None
+        finally:
+            self._running = []
         if jobs[0].call is not None and not jobs[0].future.done():
             jobs[0].future.set_result(result)
         return result

@@ -1,6 +1,6 @@
 """The explorer page's data: one forward's attention kept per image, a pixel's maps on demand.
 
-``forward`` runs in the model thread: the Segmenter's run of one image with
+``forward`` runs in the model's worker: the Segmenter's run of one image with
 :func:`psanet.visualize.attention.capture_attention` recording each PSA branch.
 ``ExploredImages`` keeps the last few (bounded in count and in bytes); ``point`` gives, for an
 image pixel, the map each branch predicts at its cell (collect: where the pixel
@@ -37,10 +37,12 @@ def _bytes(array):
 
 class ExploredImages:
     """The attention of the last ``capacity`` images the page sent, by id, at most
-    ``max_bytes`` of maps in all (an image's maps grow with the square of its pixels)."""
+    ``max_bytes`` of maps in all (an image's maps grow with the square of its pixels);
+    ``align_corners`` is the model's (how its logits are resized back)."""
 
-    def __init__(self, model, capacity=8, max_bytes=512 * 2 ** 20):
-        self.model, self.capacity, self.max_bytes = model, capacity, max_bytes
+    def __init__(self, align_corners, capacity=8, max_bytes=512 * 2 ** 20):
+        self.align_corners, self.capacity = bool(align_corners), capacity
+        self.max_bytes = max_bytes
         self._entries, self._lock = collections.OrderedDict(), threading.Lock()
 
     def add(self, image_size, batch, info, records, label):
@@ -57,7 +59,7 @@ class ExploredImages:
         trans_info, _ = info
         geometries = [MapGeometry(tuple(image_size), tuple(batch.shape[2:]), tuple(trans_info),
                                   record.feature_size, record.map_size,
-                                  bool(self.model.align_corners)) for record in records]
+                                  self.align_corners) for record in records]
         image_id = secrets.token_hex(8)
         with self._lock:
             self._entries[image_id] = (image_size, records, geometries, size)

@@ -41,11 +41,12 @@ class ServerMetrics:
         self.in_flight = Gauge('psanet_in_flight_requests', 'Image requests being answered.',
                                registry=registry)
         self.refused = Counter('psanet_rejected', 'Requests answered 503: the queue full '
-                               '(queue_full) or the server stopping (stopping).', ['reason'],
-                               registry=registry)
+                               '(queue_full), the server stopping (stopping), their run\'s '
+                               'worker dead (worker_died), or queued while it restarts '
+                               '(restarting).', ['reason'], registry=registry)
         self.deadlines = Counter('psanet_timed_out', 'Requests answered 504: their deadline '
                                  'passed before their run.', registry=registry)
-        for reason in ('queue_full', 'stopping'):
+        for reason in ('queue_full', 'stopping', 'worker_died', 'restarting'):
             self.refused.labels(reason)
         Info('psanet_model', 'The model served.', registry=registry).info(model)
 

@@ -7,6 +7,7 @@ attention the explorer page reads (:mod:`psanet.serve.explore`).
 import dataclasses
 import hashlib
 import os
+from typing import Any, Dict, List, Optional, Tuple
 
 import yaml
 
@@ -27,19 +28,30 @@ class ServedModel:
         num_classes (int | None): None when an export does not record it.
         names (list): class names.
         colors (list): the flat [r, g, b, ...] palette of 256 colours.
-        model (paddle.nn.Layer | None): the dygraph model (the explorer's), None for an export.
+        model (paddle.nn.Layer | None): the dygraph model (the explorer's), None for an export
+            and in the server's process (:meth:`front`).
         digest (str): which weights: ``export_hash`` of an export, ``weights_hash`` of a
             checkpoint's model.
+        align_corners (bool | None): the explorer's model's, None without one.
     """
-    segmenter: object
+    segmenter: Any
     source: str
-    num_classes: object
-    names: list
-    colors: list
-    model: object = None
+    num_classes: Optional[int]
+    names: List[str]
+    colors: List[int]
+    model: Any = None
     digest: str = ''
+    align_corners: Optional[bool] = None
 
-    def describe(self, limits):
+    def front(self, runner: Any) -> 'ServedModel':
+        """What the server's process keeps (it crosses a pipe): this, without the model, its
+        Segmenter's pre- and postprocessing around ``runner`` (the model's worker)."""
+        from psanet.api import Segmenter
+        seg = self.segmenter
+        return dataclasses.replace(self, model=None, segmenter=Segmenter(
+            runner, seg.transforms, seg.output_op, backend=seg.backend, deploy=seg.deploy))
+
+    def describe(self, limits: dict) -> dict:
         """``GET /v1/model``: the classes, palette and input contract."""
         seg = self.segmenter
         palette = [self.colors[3 * i:3 * i + 3] for i in range(self.num_classes or 256)]
@@ -58,11 +70,11 @@ class ServedModel:
             'output': {'formats': ['png (palette PNG of class ids)',
                                    'json (shape, class ids, per-class pixel counts)'],
                        'output_op': seg.output_op},
-            'explorer': self.model is not None,
+            'explorer': self.align_corners is not None,
         }
 
 
-def config_kind(config):
+def config_kind(config: str) -> str:
     """'export' for an export's deploy.yaml (or its folder), 'training' for a training config;
     a ConfigError naming what else the file is (missing, empty, not text, broken YAML)."""
     flag = f'--config {config}'
@@ -114,7 +126,7 @@ def _file_chunks(paths):
             yield from iter(lambda: f.read(1 << 20), b'')
 
 
-def export_hash(deploy):
+def export_hash(deploy: Any) -> str:
     """Which export a server runs, for /metrics: the first 16 hex digits of the SHA-256 of
     deploy.yaml and the files it names (graph, parameters, ONNX models), one after another."""
     names = [deploy.path] + [getattr(deploy, key) for key in ('model', 'params', 'onnx',
@@ -122,20 +134,21 @@ def export_hash(deploy):
     return _sha256(_file_chunks(p for p in names if p is not None and os.path.isfile(p)))
 
 
-def weights_hash(model):
+def weights_hash(model: Any) -> str:
     """Which weights a checkpoint's model holds: the SHA-256 (16 hex digits) of its parameters'
     bytes in the order of their names."""
     state = model.state_dict()
     return _sha256(state[name].numpy().tobytes() for name in sorted(state))
 
 
-def load_served_model(config, model_path=None, backend=None, device=None, int8=False,
-                      cpu_threads=None):
+def load_served_model(config: str, model_path: Optional[str] = None,
+                      backend: Optional[str] = None, device: Optional[str] = None,
+                      int8: bool = False, cpu_threads: Optional[int] = None) -> ServedModel:
     """The :class:`ServedModel` of an export (``config`` a deploy.yaml) or a checkpoint
     (``config`` a training config with ``model_path``); ``device`` None is the API's default
     for the route (the CPU for an export, the GPU when Paddle sees one for a checkpoint)."""
     kind = check_config(config, model_path, backend, int8, cpu_threads)
-    on_device = {} if device is None else {'device': device}
+    on_device: Dict[str, Any] = {} if device is None else {'device': device}
     from psanet.api import Segmenter
     from psanet.visualize.charts import class_names
     if kind == 'export':
@@ -147,7 +160,7 @@ def load_served_model(config, model_path=None, backend=None, device=None, int8=F
         digest = export_hash(seg.deploy)
     else:
         from psanet.core.config import ComponentBuilder, load_config
-        seg = Segmenter.from_config(config, model_path, backend='dygraph', **on_device)
+        seg = Segmenter.from_config(config, str(model_path), backend='dygraph', **on_device)
         cfg = load_config(config)
         dataset = ComponentBuilder(cfg).val_dataset_class if cfg.dic.get('val_dataset') else None
         cityscapes = palette_for(dataset) == 'cityscapes'
@@ -156,10 +169,12 @@ def load_served_model(config, model_path=None, backend=None, device=None, int8=F
         digest = weights_hash(model)
     names = class_names(num_classes, dataset) if num_classes else []
     return ServedModel(seg, source, num_classes, names,
-                       color_map(num_classes, cityscapes=cityscapes), model, digest)
+                       color_map(num_classes, cityscapes=cityscapes), model, digest,
+                       None if model is None else bool(model.align_corners))
 
 
-def check_config(config, model_path=None, backend=None, int8=False, cpu_threads=None):
+def check_config(config: str, model_path: Optional[str] = None, backend: Optional[str] = None,
+                 int8: bool = False, cpu_threads: Optional[int] = None) -> str:
     """``config_kind(config)``, with the flags that go with that kind (nothing loaded)."""
     kind = config_kind(config)
     if kind == 'export' and model_path is not None:
@@ -175,7 +190,7 @@ def check_config(config, model_path=None, backend=None, int8=False, cpu_threads=
     return kind
 
 
-def warmup_shape(segmenter, size=None):
+def warmup_shape(segmenter: Any, size: Optional[Tuple[int, int]] = None) -> Optional[tuple]:
     """The ``[3, H, W]`` input the model meets for images of ``size`` (width, height), or, for
     None, the one every image meets: an export's fixed input shape, or what the transforms make
     of any image (e.g. a Resize); None when the model takes each image at its own size."""

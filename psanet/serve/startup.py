@@ -6,6 +6,7 @@ import errno
 import math
 import os
 import socket
+from typing import List, Optional, Tuple
 
 from psanet.errors import ConfigError
 
@@ -37,11 +38,11 @@ class ServeOptions:
     None: no deadline unless a request sets one; ``warmup_size`` None: the size the export or
     its transforms fix, if any."""
     config: str
-    model_path: str = None
-    backend: str = None
-    device: str = None
+    model_path: Optional[str] = None
+    backend: Optional[str] = None
+    device: Optional[str] = None
     int8: bool = False
-    cpu_threads: int = None
+    cpu_threads: Optional[int] = None
     host: str = '127.0.0.1'
     port: int = 8000
     max_batch: int = 8
@@ -50,12 +51,12 @@ class ServeOptions:
     max_body_bytes: int = 20 * 2 ** 20
     max_pixels: int = 2048 * 2048
     graceful_timeout_s: int = 30
-    request_timeout_s: float = None
-    warmup_size: tuple = None
+    request_timeout_s: Optional[float] = None
+    warmup_size: Optional[Tuple[int, int]] = None
     model_name: str = 'psanet'
-    auth_token_file: str = None
-    ssl_certfile: str = None
-    ssl_keyfile: str = None
+    auth_token_file: Optional[str] = None
+    ssl_certfile: Optional[str] = None
+    ssl_keyfile: Optional[str] = None
 
     def __post_init__(self):
         for name, (low, high, what) in RANGES.items():
@@ -82,7 +83,7 @@ class ServeOptions:
                               'certificate and its private key) or neither.')
 
 
-def check_packages():
+def check_packages() -> None:
     """One line naming the server's missing packages and the pip command, or nothing."""
     missing = []
     for module in SERVER_PACKAGES:
@@ -109,7 +110,7 @@ def _read_text(path, flag):
                           'line.') from None
 
 
-def read_token(path):
+def read_token(path: str) -> str:
     """The bearer token in ``path``: one line, no spaces."""
     token = _read_text(path, '--auth_token_file').strip()
     if not token or any(c.isspace() for c in token):
@@ -118,7 +119,7 @@ def read_token(path):
     return token
 
 
-def check_tls(certfile, keyfile):
+def check_tls(certfile: str, keyfile: str) -> None:
     """The certificate and key load as a pair (ssl's own check), named if not."""
     import ssl
     for flag, path in (('--ssl_certfile', certfile), ('--ssl_keyfile', keyfile)):
@@ -132,7 +133,7 @@ def check_tls(certfile, keyfile):
             from None
 
 
-def bind(host, port):
+def bind(host: str, port: int) -> List[socket.socket]:
     """Sockets bound to every address ``host`` resolves to (not yet listening)."""
     try:
         addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,

@@ -115,10 +115,10 @@ def decode_image(data, max_pixels):
     except (OSError, ValueError, SyntaxError) as error:
         raise RequestError(400, f'the image is truncated or corrupt ({error}): send the whole '
                                 'file.') from None
-    image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
-    if image is None:
+    decoded = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    if decoded is None:
         raise RequestError(400, 'OpenCV cannot decode this image: send a PNG, JPEG or BMP.')
-    return image
+    return decoded
 
 
 def parse_timeout(value, where, scale=1.0):

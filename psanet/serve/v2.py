@@ -113,13 +113,13 @@ def _pixels(tensor, shape, binary, max_pixels):
         values = np.frombuffer(data, np.uint8)
     else:
         try:
-            values = np.asarray(tensor.get('data'), dtype=np.int64).reshape(-1)
+            given = np.asarray(tensor.get('data'), dtype=np.int64).reshape(-1)
         except (TypeError, ValueError):
-            values = None
-        if values is None or values.size != count or values.min() < 0 or values.max() > 255:
+            given = None
+        if given is None or given.size != count or given.min() < 0 or given.max() > 255:
             raise RequestError(400, f'input "image": "data" must hold {count} integers 0..255 '
                                     '(or send it binary, with binary_data_size).')
-        values = values.astype(np.uint8)
+        values = given.astype(np.uint8)
     return np.ascontiguousarray(values.reshape(height, width, 3)[:, :, ::-1])  # RGB -> BGR
 
 
