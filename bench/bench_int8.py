@@ -27,6 +27,7 @@ import bench_deploy  # the bench's folder is sys.path[0]: its flags' checks, ima
 # name -> Int8Recipe fields, and 'calib_num' where a row calibrates on another image count than
 # --calib_num; the first is DEFAULT_RECIPE's.
 RECIPES = {
+    'first conv, classifier float': {'float_stem': True, 'float_classifier': True},
     'minmax': {},
     'minmax, per-tensor': {'per_channel': False},
     'entropy': {'calibration': 'entropy'},
@@ -36,7 +37,12 @@ RECIPES = {
     '7-bit weights': {'reduce_range': True},
     'classifier float': {'float_classifier': True},
     'first conv float': {'float_stem': True},
-    'first conv, classifier float': {'float_stem': True, 'float_classifier': True},
+    '7-bit, first conv, classifier float': {'reduce_range': True, 'float_stem': True,
+                                            'float_classifier': True},
+    'per-tensor, first conv, classifier float': {'per_channel': False, 'float_stem': True,
+                                                 'float_classifier': True},
+    'entropy, first conv, classifier float': {'calibration': 'entropy', 'float_stem': True,
+                                              'float_classifier': True},
     'attention INT8': {'op_types': ('Conv', 'MatMul', 'Softmax')},
     'residual adds INT8': {'op_types': ('Conv', 'Add')},
     'minmax, 8 images': {'calib_num': 8},

@@ -89,7 +89,7 @@ class Int8Recipe:
 
 
 # The best measured on the trained mini model (docs/deploy.md, "INT8 on the CPU").
-DEFAULT_RECIPE = Int8Recipe()
+DEFAULT_RECIPE = Int8Recipe(float_stem=True, float_classifier=True)
 QUANTIZE_INSTALL = 'pip install onnxruntime onnx ml_dtypes'
 MIN_ONNXRUNTIME = (1, 32)  # the quantiser tested here
 
