@@ -58,18 +58,38 @@ def _graph(path):
     return graph, producers, initializers
 
 
+def _float_classifier_and_stem(graph, initializers):
+    """The float convolutions (their weight an initializer, no DequantizeLinear) with a filter
+    per class (19), 1x1: the classifier; and those that read 3 channels (the image's)."""
+    convs = [node for node in graph.node if node.op_type == 'Conv']
+    classifier = [conv for conv in convs if conv.input[1] in initializers and
+                  initializers[conv.input[1]].shape[:1] == (19,)]
+    stem = [conv for conv in convs if conv.input[1] in initializers and
+            initializers[conv.input[1]].shape[1:2] == (3,)]
+    return convs, classifier, stem
+
+
 @needs_tools
-def test_every_convolution_is_int8_with_per_channel_weights(export):
+def test_every_convolution_but_the_first_and_the_classifier_is_int8_per_channel(export):
     save_dir, _ = export
     deploy = DeployConfig(save_dir)
     assert deploy.onnx_int8 == os.path.join(save_dir, quantize.INT8_FILE)
     assert deploy.dic['int8_calibration'] == {
         'images': 3, 'ops': ['Conv'], 'calibration': 'minmax', 'per_channel': True,
-        'float_classifier': False, 'reduce_range': False}
+        'float_classifier': True, 'float_stem': True, 'reduce_range': False}
     graph, producers, initializers = _graph(deploy.onnx_int8)
-    convs = [node for node in graph.node if node.op_type == 'Conv']
-    assert convs
+    convs, classifier, stem = _float_classifier_and_stem(graph, initializers)
+    assert len(classifier) == 1 and initializers[classifier[0].input[1]].shape[2:] == (1, 1)
+    assert len(stem) == 1
+    assert quantize.classifier_nodes(graph) == [classifier[0].name]
+    assert quantize.stem_nodes(graph) == [stem[0].name]
+    for conv in classifier + stem:
+        assert producers.get(conv.input[0]) is None or \
+            producers[conv.input[0]].op_type != 'DequantizeLinear', conv.name
+    assert len(convs) > 20
     for conv in convs:
+        if conv in classifier + stem:
+            continue
         data, weight = (producers.get(name) for name in conv.input[:2])
         assert data is not None and data.op_type == 'DequantizeLinear', conv.name
         assert weight is not None and weight.op_type == 'DequantizeLinear', conv.name
@@ -88,36 +108,29 @@ def test_every_convolution_is_int8_with_per_channel_weights(export):
 @pytest.fixture(scope='module')
 def recipe_export(export, tmp_path_factory):
     """The fixture's export quantised again with every choice off its default: per-tensor
-    7-bit weights, percentile calibration, the classifier float."""
+    7-bit weights, percentile calibration, the classifier and the first convolution INT8."""
     import shutil
     save_dir = str(tmp_path_factory.mktemp('recipe') / 'export')
     shutil.copytree(export[0], save_dir)
     calib = os.path.join(os.path.dirname(export[0]), 'calib')
     recipe = quantize.Int8Recipe(calibration='percentile', per_channel=False,
-                                 float_classifier=True, reduce_range=True)
+                                 float_classifier=False, float_stem=False, reduce_range=True)
     quantize.quantize_export(DeployConfig(save_dir), calib,
                              quantize.check_calib_images(calib, 3), recipe=recipe)
     return save_dir
 
 
 @needs_tools
-def test_a_recipe_sets_the_weights_the_classifier_and_the_calibration(export, recipe_export):
+def test_a_recipe_sets_the_weights_the_float_convs_and_the_calibration(export, recipe_export):
     deploy = DeployConfig(recipe_export)
     assert deploy.dic['int8_calibration'] == {
         'images': 3, 'ops': ['Conv'], 'calibration': 'percentile', 'per_channel': False,
-        'float_classifier': True, 'reduce_range': True}
+        'float_classifier': False, 'float_stem': False, 'reduce_range': True}
     graph, producers, initializers = _graph(deploy.onnx_int8)
-    convs = [node for node in graph.node if node.op_type == 'Conv']
-    # The classifier: the one convolution with a filter per class (19), 1x1.
-    classifier = [conv for conv in convs if conv.input[1] in initializers and
-                  initializers[conv.input[1]].shape[:1] == (19,)]
-    assert len(classifier) == 1 and initializers[classifier[0].input[1]].shape[2:] == (1, 1)
-    assert quantize.classifier_nodes(graph) == [classifier[0].name]
-    assert producers.get(classifier[0].input[0]) is None or \
-        producers[classifier[0].input[0]].op_type != 'DequantizeLinear'
+    convs, classifier, stem = _float_classifier_and_stem(graph, initializers)
+    assert classifier == stem == []  # both INT8 in this recipe
+    assert len(convs) > 20
     for conv in convs:
-        if conv is classifier[0]:
-            continue
         weight = producers[conv.input[1]]
         q = initializers[weight.input[0]]
         # One scale per tensor; 7-bit: the largest weight maps to +-64, not +-127.
@@ -305,3 +318,24 @@ def test_sigterm_during_calibration_stops_the_export_and_keeps_the_old_one(expor
     assert info.value.exit_code == 143 and len(reads) == 2
     assert digests(folder) == before
     assert sorted(os.listdir(tmp_path)) == ['export']  # no temporary left
+
+
+def test_the_int8_bench_counts_near_ties_and_its_first_row_is_the_default(monkeypatch):
+    """bench/bench_int8.py's margin shares against a loop over pixels, and its rows: each a
+    valid recipe, the first DEFAULT_RECIPE (the row docs/deploy.md reads the default from)."""
+    from conftest import ROOT
+    monkeypatch.syspath_prepend(os.path.join(ROOT, 'bench'))
+    import bench_int8
+    rng = np.random.RandomState(0)
+    logits = rng.normal(0, 0.4, (2, 5, 3, 4)).astype('float32')
+    logits[0, 1, 0, 0] = logits[0, :, 0, 0].max() + 0.3  # a clear winner: no tie
+    want = []
+    for margin in (0.25, 0.5):
+        near = [sorted(logits[n, :, i, j])[-1] - sorted(logits[n, :, i, j])[-2] < margin
+                for n in range(2) for i in range(3) for j in range(4)]
+        want.append(sum(near) / len(near))
+    assert 0 < want[0] < want[1] < 1
+    assert bench_int8.near_ties(logits, (0.25, 0.5)) == pytest.approx(want)
+    recipes = [bench_int8._split(name) for name in bench_int8.RECIPES]
+    assert recipes[0] == (quantize.DEFAULT_RECIPE, None)
+    assert len(set(recipes)) == len(recipes)

@@ -26,7 +26,8 @@ from psanet.log import get_logger
 from .processing import preprocess
 
 __all__ = ['INT8_FILE', 'Int8Recipe', 'DEFAULT_RECIPE', 'QUANTIZE_INSTALL',
-           'check_quantize_tools', 'check_calib_images', 'classifier_nodes', 'quantize_export']
+           'check_quantize_tools', 'check_calib_images', 'classifier_nodes', 'stem_nodes',
+           'quantize_export']
 
 INT8_FILE = 'model_int8.onnx'
 CALIBRATIONS = ('minmax', 'entropy', 'percentile')
@@ -49,6 +50,8 @@ class Int8Recipe:
             Default: ('Conv',).
         float_classifier (bool, optional): The classifier (the convolutions that reach the
             output through no other convolution) stays float. Default: False.
+        float_stem (bool, optional): The first convolutions (those the input reaches through
+            no other convolution) stay float. Default: False.
         reduce_range (bool, optional): 7-bit weights: no int16 overflow in the U8S8
             multiply-adds of CPUs without VNNI, at half the weight resolution.
             Default: False.
@@ -57,6 +60,7 @@ class Int8Recipe:
     per_channel: bool = True
     op_types: Tuple[str, ...] = ('Conv',)
     float_classifier: bool = False
+    float_stem: bool = False
     reduce_range: bool = False
 
     def __post_init__(self):
@@ -69,8 +73,10 @@ class Int8Recipe:
 
     def describe(self):
         """One line: e.g. 'Conv INT8, per-channel weights, minmax calibration'."""
+        floats = [name for name, on in (('the first conv', self.float_stem),
+                                        ('the classifier', self.float_classifier)) if on]
         return (f'{"+".join(self.op_types)} INT8'
-                + (' but the classifier' if self.float_classifier else '') +
+                + (f' but {" and ".join(floats)}' if floats else '') +
                 f', per-{"channel" if self.per_channel else "tensor"} '
                 f'{"7" if self.reduce_range else "8"}-bit weights, {self.calibration} '
                 'calibration')
@@ -79,11 +85,11 @@ class Int8Recipe:
         """What deploy.yaml records under ``int8_calibration`` (with the image count)."""
         return {'ops': list(self.op_types), 'calibration': self.calibration,
                 'per_channel': self.per_channel, 'float_classifier': self.float_classifier,
-                'reduce_range': self.reduce_range}
+                'float_stem': self.float_stem, 'reduce_range': self.reduce_range}
 
 
 # The best measured on the trained mini model (docs/deploy.md, "INT8 on the CPU").
-DEFAULT_RECIPE = Int8Recipe()
+DEFAULT_RECIPE = Int8Recipe(float_stem=True, float_classifier=True)
 QUANTIZE_INSTALL = 'pip install onnxruntime onnx ml_dtypes'
 MIN_ONNXRUNTIME = (1, 32)  # the quantiser tested here
 
@@ -143,17 +149,36 @@ def classifier_nodes(graph):
     """Names of the Conv nodes of an ONNX graph from which an output is reached through no
     other Conv: the classifier (the head's last 1x1 convolution, in PSANet)."""
     producers = {out: node for node in graph.node for out in node.output}
+    return _nearest_convs([output.name for output in graph.output],
+                          lambda name: [producers[name]] if name in producers else [],
+                          lambda node: node.input)
+
+
+def stem_nodes(graph):
+    """Names of the Conv nodes of an ONNX graph that an input reaches through no other Conv:
+    the first convolution of the backbone."""
+    consumers = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    return _nearest_convs([value.name for value in graph.input],
+                          lambda name: consumers.get(name, []), lambda node: node.output)
+
+
+def _nearest_convs(start, nodes_of, onward):
+    """The Conv nodes met first walking from the tensors ``start``: ``nodes_of(tensor)`` are
+    the nodes one step on, ``onward(node)`` the tensors after a node that is not a Conv."""
     found, seen = [], set()
-    stack = [output.name for output in graph.output]
+    stack = list(start)
     while stack:
-        node = producers.get(stack.pop())
-        if node is None or node.name in seen:
-            continue
-        seen.add(node.name)
-        if node.op_type == 'Conv':
-            found.append(node.name)
-        else:
-            stack.extend(node.input)
+        for node in nodes_of(stack.pop()):
+            if node.name in seen:
+                continue
+            seen.add(node.name)
+            if node.op_type == 'Conv':
+                found.append(node.name)
+            else:
+                stack.extend(onward(node))
     return sorted(found)
 
 
@@ -189,8 +214,9 @@ def quantize_export(deploy, calib_images, calib_paths, logger=None, recipe=DEFAU
               'percentile': CalibrationMethod.Percentile}[recipe.calibration]
 
     def quantize(partial):
-        excluded = (classifier_nodes(onnx.load(folded, load_external_data=False).graph)
-                    if recipe.float_classifier else [])
+        graph = onnx.load(folded, load_external_data=False).graph
+        excluded = ((classifier_nodes(graph) if recipe.float_classifier else []) +
+                    (stem_nodes(graph) if recipe.float_stem else []))
         quantize_static(folded, partial,
                         _CalibrationReader(calib_paths, deploy.build_transforms(), input_name),
                         quant_format=QuantFormat.QDQ, per_channel=recipe.per_channel,
