@@ -273,8 +273,9 @@ def backward_kernel_table(args):
 
 
 class _PurePSAMask(paddle.nn.Layer):
-    """The pure-Paddle op alone, for export (a parameter of 1: Paddle 3.0.0's
-    predictor needs a parameter file, psanet.compat.PARAMETERLESS_PROGRAM)."""
+    """The pure-Paddle op alone, for export. A parameter of 1 as a second output:
+    Paddle 3.0.0's predictor needs a parameter file (psanet.compat.PARAMETERLESS_PROGRAM),
+    and multiplying the map by it would add a pass over the output to every backend."""
 
     def __init__(self, psa_type, mask):
         super().__init__()
@@ -283,7 +284,7 @@ class _PurePSAMask(paddle.nn.Layer):
             [1], default_initializer=paddle.nn.initializer.Constant(1.0))
 
     def forward(self, x):
-        return psa_mask(x, self.psa_type, self.mask, impl='paddle') * self.one
+        return psa_mask(x, self.psa_type, self.mask, impl='paddle'), self.one * 1.0
 
 
 def export_runners(args, mask, folder):

@@ -241,20 +241,24 @@ def _psa_mask_shear(x, psa_type, mask_h, mask_w):
         chunk = paddle.where(w64 % _int64(divisor) == 0, _int64(divisor), chunk)
     chunks = padded.reshape(paddle.stack([n, paddle.full_like(n, -1), chunk.astype(n.dtype)]))
     # Index of output chunk (ph, pw, qh, c): block (i, ph) at row pw, shifted.
-    rows = paddle.arange(h, dtype='int64')
-    ph, qh = rows.reshape([-1, 1, 1, 1]), rows.reshape([1, 1, -1, 1])
+    # Collect reads the same chunks in the order (qh, ph, pw, c): its map is then
+    # one W x (H*W) transpose per target row qh, where a whole [H*W, H*W]
+    # transpose strides across the full map.
+    rows, cols = paddle.arange(h, dtype='int64'), paddle.arange(w, dtype='int64')
+    axes = (1, 2, 0) if psa_type == COLLECT else (0, 1, 2)    # of ph, pw, qh
+    ph, pw, qh = (v.reshape([-1 if k == axis else 1 for k in range(4)])
+                  for v, axis in zip((rows, cols, rows), axes))
     i = qh - ph + _int64(half_h)
     i = paddle.where((i >= 0) & (i < mask_h), i, _int64(mask_h))
     block = (i * h64 + ph) * (w64 * _int64(length) // chunk)
-    pw = paddle.arange(w, dtype='int64').reshape([1, -1, 1, 1])
-    start = paddle.arange(w64 // chunk, dtype='int64').reshape([1, 1, 1, -1]) * chunk
+    start = paddle.arange(w64 // chunk, dtype='int64') * chunk
     first = start - pw + _int64(half_w)                 # window column at the chunk's start
     offset = (pw * _int64(length - 1) + _int64(left + half_w) + start) // chunk
     offset = paddle.where((first < mask_w) & (first + chunk > 0), offset, _int64(0))
     y = paddle.index_select(chunks, (block + offset).reshape([-1]), axis=1)
     positions = h * w
     if psa_type == COLLECT:
-        y = y.reshape(paddle.stack([n, positions, positions])).transpose([0, 2, 1])
+        y = y.reshape(paddle.stack([n * h, positions, w])).transpose([0, 2, 1])
     return y.reshape(paddle.stack([n, positions, h, w]))
 
 
