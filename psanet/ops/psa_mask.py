@@ -244,11 +244,13 @@ def _psa_mask_shear(x, psa_type, mask_h, mask_w):
         chunk = paddle.where(w64 % _int64(divisor) == 0, _int64(divisor), chunk)
     chunks = padded.reshape(paddle.stack([n, paddle.full_like(n, -1), chunk.astype(n.dtype)]))
     # Index of output chunk (ph, pw, qh, c): block (i, ph) at row pw, shifted.
-    # Collect reads the same chunks in the order (qh, ph, pw, c): its map is then
-    # one W x (H*W) transpose per target row qh, where a whole [H*W, H*W]
-    # transpose strides across the full map.
+    # Collect transposes that map over positions. Paddle's CPU transpose does best
+    # on the whole [H*W, H*W] map; onnxruntime's and OpenVINO's on one W x H*W slab
+    # per target row qh, so an exported collect reads the chunks in the order
+    # (qh, ph, pw, c) (docs/psa_mask.md, "Speed").
+    by_target_row = psa_type == COLLECT and not paddle.in_dynamic_mode()
     rows, cols = paddle.arange(h, dtype='int64'), paddle.arange(w, dtype='int64')
-    axes = (1, 2, 0) if psa_type == COLLECT else (0, 1, 2)    # of ph, pw, qh
+    axes = (1, 2, 0) if by_target_row else (0, 1, 2)    # of ph, pw, qh
     ph, pw, qh = (v.reshape([-1 if k == axis else 1 for k in range(4)])
                   for v, axis in zip((rows, cols, rows), axes))
     i = qh - ph + _int64(half_h)
@@ -261,8 +263,10 @@ def _psa_mask_shear(x, psa_type, mask_h, mask_w):
     index = paddle.where((first < mask_w) & (first + chunk > 0), block + offset, zeros)
     y = paddle.index_select(chunks, index.reshape([-1]), axis=1)
     positions = h * w
-    if psa_type == COLLECT:
+    if by_target_row:
         y = y.reshape(paddle.stack([n * h, positions, w])).transpose([0, 2, 1])
+    elif psa_type == COLLECT:
+        y = y.reshape(paddle.stack([n, positions, positions])).transpose([0, 2, 1])
     return y.reshape(paddle.stack([n, positions, h, w]))
 
 
