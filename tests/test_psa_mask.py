@@ -62,10 +62,9 @@ def test_forward_backward_match_reference(impl, psa_type, dtype, shape, mask):
 
 
 # Maps 16 to 48 wide, where the pure-Paddle form gathers 16 values per index: chunks
-# that straddle a window's start or end, that miss the window, windows of 3 and 4
-# columns, whose padded rows hold the fewest zeros before each window (15), and of 33,
-# whose padded rows have no zeros after the window (the next row's zeros follow it),
-# and a mask wider than the map.
+# that straddle a window's start or end and chunks that miss the window; windows of
+# 33 columns, whose padded rows hold the fewest zeros before the window (16) and none
+# after it (the next row's zeros follow), and a mask wider than the map.
 WIDE_SHAPES = [((1, 3, 32), (3, 3)), ((2, 2, 48), (5, 4)), ((1, 3, 32), (2, 17)),
                ((1, 2, 48), (3, 33)), ((1, 2, 16), (3, 35))]
 

@@ -185,8 +185,8 @@ def psa_mask_paddle(x, psa_type, mask_h, mask_w):
     chunks of up to ``CHUNK`` values, each chunk from the row shifted by its
     position: the shear that turns window cells into map positions, done by
     one pad and one gather (docs/psa_mask.md, "The pure-Paddle form"). Memory
-    beyond the output: the padded rows, ``(mask_w + CHUNK - 1)`` to
-    ``(mask_w + 3*CHUNK - 3)`` values for every ``mask_w`` of ``x``, an int64 index
+    beyond the output: the padded rows, ``(mask_w + CHUNK)`` to
+    ``(mask_w + 3*CHUNK - 2)`` values for every ``mask_w`` of ``x``, an int64 index
     of one entry per chunk of the output, and for collect a transposed copy of
     the output.
     """
@@ -207,12 +207,13 @@ def _padded_row(mask_w):
     Chunk ``c`` of output row ``pw`` starts at ``pw*(length-1) + left + half_w +
     c*chunk`` in its block: a multiple of any chunk that divides CHUNK when
     ``length`` is 1 modulo CHUNK and ``left + half_w`` is 0 modulo CHUNK. At
-    least CHUNK - 1 zeros before each window keep a chunk that overlaps the
-    window inside its own zeros and values: one that runs past the window's end
+    least CHUNK zeros before each window make a zero chunk at the start of every
+    block (read by chunks off the window) and keep a chunk that overlaps the
+    window inside zeros and window values: one that runs past the window's end
     reads the zeros that start the next row (after the last row, the zero block).
     """
     half_w = (mask_w - 1) // 2
-    left = CHUNK - 1 + (-(CHUNK - 1 + half_w)) % CHUNK
+    left = CHUNK + (-(CHUNK + half_w)) % CHUNK
     length = left + mask_w
     length += (1 - length) % CHUNK
     return left, length
@@ -259,9 +260,11 @@ def _psa_mask_shear(x, psa_type, mask_h, mask_w):
     start = paddle.arange(w64 // chunk, dtype='int64') * chunk
     first = start - pw + _int64(half_w)                 # window column at the chunk's start
     offset = (pw * _int64(length - 1) + _int64(left + half_w) + start) // chunk
-    zeros = _int64(mask_h) * h64 * (w64 * _int64(length) // chunk)   # the zero block
-    index = paddle.where((first < mask_w) & (first + chunk > 0), block + offset, zeros)
-    y = paddle.index_select(chunks, index.reshape([-1]), axis=1)
+    # Chunks off the window read the zero chunk that starts their block. Decided
+    # on the [W, W/chunk] offsets, so that only the add below spans the index
+    # (a where over it exports as several index-sized broadcasts).
+    offset = paddle.where((first < mask_w) & (first + chunk > 0), offset, _int64(0))
+    y = paddle.index_select(chunks, (block + offset).reshape([-1]), axis=1)
     positions = h * w
     if by_target_row:
         y = y.reshape(paddle.stack([n * h, positions, w])).transpose([0, 2, 1])
