@@ -246,9 +246,9 @@ def _psa_mask_shear(x, psa_type, mask_h, mask_w):
     chunks = padded.reshape(paddle.stack([n, paddle.full_like(n, -1), chunk.astype(n.dtype)]))
     # Index of output chunk (ph, pw, qh, c): block (i, ph) at row pw, shifted.
     # Collect transposes that map over positions. Paddle's CPU transpose does best
-    # on the whole [H*W, H*W] map; onnxruntime's and OpenVINO's on one W x H*W slab
-    # per target row qh, so an exported collect reads the chunks in the order
-    # (qh, ph, pw, c) (docs/psa_mask.md, "Speed").
+    # on the whole [H*W, H*W] map; onnxruntime's and OpenVINO's on the blocks of
+    # one target row qh at a time, so an exported collect reads the chunks in the
+    # order (qh, ph, pw, c) (docs/psa_mask.md, "Speed").
     by_target_row = psa_type == COLLECT and not paddle.in_dynamic_mode()
     rows, cols = paddle.arange(h, dtype='int64'), paddle.arange(w, dtype='int64')
     axes = (1, 2, 0) if by_target_row else (0, 1, 2)    # of ph, pw, qh
@@ -266,8 +266,8 @@ def _psa_mask_shear(x, psa_type, mask_h, mask_w):
     offset = paddle.where((first < mask_w) & (first + chunk > 0), offset, _int64(0))
     y = paddle.index_select(chunks, (block + offset).reshape([-1]), axis=1)
     positions = h * w
-    if by_target_row:
-        y = y.reshape(paddle.stack([n * h, positions, w])).transpose([0, 2, 1])
+    if by_target_row:      # [N*qh, ph, pw, qw] -> [N*qh, qw, ph, pw]
+        y = y.reshape(paddle.stack([n * h, h, w, w])).transpose([0, 3, 1, 2])
     elif psa_type == COLLECT:
         y = y.reshape(paddle.stack([n, positions, positions])).transpose([0, 2, 1])
     return y.reshape(paddle.stack([n, positions, h, w]))
