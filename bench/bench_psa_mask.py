@@ -9,7 +9,7 @@ table of medians and ratios.
 
     python bench/bench_psa_mask.py [--device cpu|gpu] [--repeats 5] [--psa-type collect]
                                    [--budget-gib 20] [--threads N] [--impls custom paddle]
-                                   [--backends] [--smoke]
+                                   [--backends] [--backends-only] [--smoke]
 
 On the CPU, Paddle and the op run on ``--threads`` threads (default: all of
 them), set as a training script would, with ``paddle.base.core.set_num_threads``.
@@ -33,8 +33,9 @@ dynamic) and run in Paddle Inference (oneDNN on, psanet's predictor settings),
 onnxruntime and OpenVINO, beside the custom op in dygraph and the write limit, at
 the R50 config's 59x59 mask on the maps of 512x256, 1024x512 and 2048x1024 inputs
 (output stride 8, shrink factor 2). Each backend's output is checked against the
-custom op's, exactly. ``--smoke`` runs that table at the smallest map only, one
-call per cell, and skips the first table: the CI check that the bench runs.
+custom op's, exactly. ``--backends-only`` prints that table alone. ``--smoke``
+runs it at the smallest map only, one call per cell, and skips the first table:
+the CI check that the bench runs.
 """
 import argparse
 import os
@@ -81,6 +82,8 @@ def parse_args():
                         choices=['custom', 'paddle'], help='the forms timed; default: both')
     parser.add_argument('--backends', action='store_true',
                         help='also time the exported pure-Paddle form in every backend')
+    parser.add_argument('--backends-only', action='store_true',
+                        help='the backends table alone')
     parser.add_argument('--smoke', action='store_true',
                         help='the backends table and the CPU backward kernel at the smallest '
                         'map, one call per cell: the check CI runs')
@@ -124,12 +127,12 @@ def peak_bytes(impl, direction, num, mask, positions, width, moved):
     backward = 2 * y + x if direction == 'backward' else 0
     if impl == 'custom':
         return x + y + backward
-    # The pure-Paddle form: x transposed and padded (about (mask + 32) / mask
-    # times x), and an int64 index of one entry per chunk of the output (16
-    # values, or 1 where W is odd).
+    # The pure-Paddle form: x transposed and padded (rows of mask values padded
+    # to at most mask + 45), an int64 index of one entry per chunk of the output
+    # (16 values, or 1 where W is odd), and for collect a transposed copy of y.
     chunk = max(c for c in (1, 2, 4, 8, 16) if width % c == 0)
     index = 8 * num * positions * positions // chunk
-    return x + x * (mask + 32) // mask + y + index + backward
+    return x + x * (mask + 45) // mask + 2 * y + index + backward
 
 
 def time_calls(fn, repeats, max_seconds, sync=lambda: None):
@@ -273,8 +276,9 @@ def backward_kernel_table(args):
 
 
 class _PurePSAMask(paddle.nn.Layer):
-    """The pure-Paddle op alone, for export (a parameter of 1: Paddle 3.0.0's
-    predictor needs a parameter file, psanet.compat.PARAMETERLESS_PROGRAM)."""
+    """The pure-Paddle op alone, for export. A parameter of 1 as a second output:
+    Paddle 3.0.0's predictor needs a parameter file (psanet.compat.PARAMETERLESS_PROGRAM),
+    and multiplying the map by it would add a pass over the output to every backend."""
 
     def __init__(self, psa_type, mask):
         super().__init__()
@@ -283,7 +287,7 @@ class _PurePSAMask(paddle.nn.Layer):
             [1], default_initializer=paddle.nn.initializer.Constant(1.0))
 
     def forward(self, x):
-        return psa_mask(x, self.psa_type, self.mask, impl='paddle') * self.one
+        return psa_mask(x, self.psa_type, self.mask, impl='paddle'), self.one * 1.0
 
 
 def export_runners(args, mask, folder):
@@ -392,9 +396,9 @@ def main():
         paddle.base.core.set_num_threads(args.threads)
         where = f'CPU, {os.cpu_count()} CPUs, op threads {psa_mask_cpu_threads()}'
         limit = 'write limit'
-    if args.smoke:
+    if args.smoke or args.backends_only:
         backends_table(args)
-        if args.device == 'cpu':
+        if args.smoke and args.device == 'cpu':
             backward_kernel_table(args)
         return
     print(f'psa_mask on {where}, {args.psa_type}, float32: paddle {paddle.__version__}, median '

@@ -61,6 +61,23 @@ def test_forward_backward_match_reference(impl, psa_type, dtype, shape, mask):
     check_against_reference(impl, x, grad_y, psa_type, *mask)
 
 
+# Maps 16 to 48 wide, where the pure-Paddle form gathers 16 values per index: chunks
+# that straddle a window's start or end and chunks that miss the window; windows of
+# 33 columns, whose padded rows hold the fewest zeros before the window (16) and none
+# after it (the next row's zeros follow), and a mask wider than the map.
+WIDE_SHAPES = [((1, 3, 32), (3, 3)), ((2, 2, 48), (5, 4)), ((1, 3, 32), (2, 17)),
+               ((1, 2, 48), (3, 33)), ((1, 2, 16), (3, 35))]
+
+
+@pytest.mark.parametrize('psa_type', TYPE_NAMES)
+@pytest.mark.parametrize('impl', IMPLS)
+@pytest.mark.parametrize('shape,mask', WIDE_SHAPES)
+def test_wide_maps_match_reference(impl, psa_type, shape, mask):
+    rng = np.random.default_rng(16)
+    x, grad_y = random_case(rng, shape, *mask, 'float32')
+    check_against_reference(impl, x, grad_y, psa_type, *mask)
+
+
 @pytest.mark.parametrize('impl', IMPLS)
 def test_random_shapes_match_reference_exactly(impl):
     rng = np.random.default_rng(20180908)

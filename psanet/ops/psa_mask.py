@@ -185,8 +185,10 @@ def psa_mask_paddle(x, psa_type, mask_h, mask_w):
     chunks of up to ``CHUNK`` values, each chunk from the row shifted by its
     position: the shear that turns window cells into map positions, done by
     one pad and one gather (docs/psa_mask.md, "The pure-Paddle form"). Memory
-    beyond the output: the padded rows, about ``(mask_w + 2*CHUNK) / mask_w``
-    times ``x``, and an int64 index of one entry per chunk of the output.
+    beyond the output: the padded rows, ``(mask_w + CHUNK)`` to
+    ``(mask_w + 3*CHUNK - 2)`` values for every ``mask_w`` of ``x``, an int64 index
+    of one entry per chunk of the output, and for collect a transposed copy of
+    the output.
     """
     psa_type = normalize_psa_type(psa_type)
     mask_h, mask_w = normalize_mask_size((mask_h, mask_w))
@@ -205,12 +207,14 @@ def _padded_row(mask_w):
     Chunk ``c`` of output row ``pw`` starts at ``pw*(length-1) + left + half_w +
     c*chunk`` in its block: a multiple of any chunk that divides CHUNK when
     ``length`` is 1 modulo CHUNK and ``left + half_w`` is 0 modulo CHUNK. At
-    least CHUNK zeros on the left (a zero chunk at the start of every block) and
-    CHUNK - 1 on the right keep a chunk that overlaps the window inside its row.
+    least CHUNK zeros before each window make a zero chunk at the start of every
+    block (read by chunks off the window) and keep a chunk that overlaps the
+    window inside zeros and window values: one that runs past the window's end
+    reads the zeros that start the next row (after the last row, the zero block).
     """
     half_w = (mask_w - 1) // 2
     left = CHUNK + (-(CHUNK + half_w)) % CHUNK
-    length = left + mask_w + CHUNK - 1
+    length = left + mask_w
     length += (1 - length) % CHUNK
     return left, length
 
@@ -241,19 +245,30 @@ def _psa_mask_shear(x, psa_type, mask_h, mask_w):
         chunk = paddle.where(w64 % _int64(divisor) == 0, _int64(divisor), chunk)
     chunks = padded.reshape(paddle.stack([n, paddle.full_like(n, -1), chunk.astype(n.dtype)]))
     # Index of output chunk (ph, pw, qh, c): block (i, ph) at row pw, shifted.
-    rows = paddle.arange(h, dtype='int64')
-    ph, qh = rows.reshape([-1, 1, 1, 1]), rows.reshape([1, 1, -1, 1])
+    # Collect transposes that map over positions. Paddle's CPU transpose does best
+    # on the whole [H*W, H*W] map; onnxruntime's and OpenVINO's on the blocks of
+    # one target row qh at a time, so an exported collect reads the chunks in the
+    # order (qh, ph, pw, c) (docs/psa_mask.md, "Speed").
+    by_target_row = psa_type == COLLECT and not paddle.in_dynamic_mode()
+    rows, cols = paddle.arange(h, dtype='int64'), paddle.arange(w, dtype='int64')
+    axes = (1, 2, 0) if by_target_row else (0, 1, 2)    # of ph, pw, qh
+    ph, pw, qh = (v.reshape([-1 if k == axis else 1 for k in range(4)])
+                  for v, axis in zip((rows, cols, rows), axes))
     i = qh - ph + _int64(half_h)
     i = paddle.where((i >= 0) & (i < mask_h), i, _int64(mask_h))
     block = (i * h64 + ph) * (w64 * _int64(length) // chunk)
-    pw = paddle.arange(w, dtype='int64').reshape([1, -1, 1, 1])
-    start = paddle.arange(w64 // chunk, dtype='int64').reshape([1, 1, 1, -1]) * chunk
+    start = paddle.arange(w64 // chunk, dtype='int64') * chunk
     first = start - pw + _int64(half_w)                 # window column at the chunk's start
     offset = (pw * _int64(length - 1) + _int64(left + half_w) + start) // chunk
+    # Chunks off the window read the zero chunk that starts their block. Decided
+    # on the [W, W/chunk] offsets, so that only the add below spans the index
+    # (a where over it exports as several index-sized broadcasts).
     offset = paddle.where((first < mask_w) & (first + chunk > 0), offset, _int64(0))
     y = paddle.index_select(chunks, (block + offset).reshape([-1]), axis=1)
     positions = h * w
-    if psa_type == COLLECT:
+    if by_target_row:      # [N*qh, ph, pw, qw] -> [N*qh, qw, ph, pw]
+        y = y.reshape(paddle.stack([n * h, h, w, w])).transpose([0, 3, 1, 2])
+    elif psa_type == COLLECT:
         y = y.reshape(paddle.stack([n, positions, positions])).transpose([0, 2, 1])
     return y.reshape(paddle.stack([n, positions, h, w]))
 
