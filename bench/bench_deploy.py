@@ -181,7 +181,7 @@ def run(args, config, cfg, weights, work):
     import paddle
     from psanet.core.config import ComponentBuilder
     from psanet.core.weights import load_model_weights
-    from psanet.deploy.backend_choice import CACHE_ENV, default_runner
+    from psanet.deploy.backend_choice import CACHE_ENV, TIMING_ENV, default_runner
     from psanet.deploy.backends import (PACKAGES, OpenVinoRunner, create_runner,
                                         default_backend, installed)
     from psanet.deploy.deploy_config import DeployConfig
@@ -298,6 +298,7 @@ def run(args, config, cfg, weights, work):
     # The API's choice, timed as a first load times it: a cache of its own, so that an
     # earlier choice for these files is not read back.
     os.environ[CACHE_ENV] = os.path.join(work, 'cache')
+    os.environ.pop(TIMING_ENV, None)
     api_options = PredictorOptions(enable_mkldnn=API_ENABLE_MKLDNN, cpu_threads=args.cpu_threads)
     for int8 in (False, True) if onnx else (False,):
         if int8 and not paddle_export.onnx_int8:

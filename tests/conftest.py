@@ -16,11 +16,19 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# psanet.Segmenter times its CPU backends on a first load when none is named and caches the
+# choice under ~/.cache/psanet: for the suite (and every process it starts) the fixed order,
+# and a cache of its own; the tests of the timing turn it on and name their cache.
+os.environ['PSANET_TIME_BACKENDS'] = '0'
+os.environ['PSANET_CACHE_DIR'] = os.path.join(
+    tempfile.gettempdir(), f'psanet-test-cache-{os.getpid()}')
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 

@@ -180,6 +180,7 @@ def test_the_real_backends_are_timed_and_the_fast_one_runs(checkpoint, tmp_path,
     export = linked_export(checkpoint[2], tmp_path / 'export', input_shape=[-1, 3, 32, 64])
     monkeypatch.setattr(backends, 'installed', lambda backend: backend != 'openvino')
     monkeypatch.setenv(backend_choice.CACHE_ENV, str(tmp_path / 'cache'))
+    monkeypatch.delenv(backend_choice.TIMING_ENV, raising=False)  # conftest turns it off
     create, runs = backends.create_runner, []
 
     def slowed(deploy, backend, options=None, int8=False):
