@@ -48,8 +48,10 @@ class ServedModel:
         Segmenter's pre- and postprocessing around ``runner`` (the model's worker)."""
         from psanet.api import Segmenter
         seg = self.segmenter
-        return dataclasses.replace(self, model=None, segmenter=Segmenter(
-            runner, seg.transforms, seg.output_op, backend=seg.backend, deploy=seg.deploy))
+        front = Segmenter(runner, seg.transforms, seg.output_op, backend=seg.backend,
+                          deploy=seg.deploy)
+        return ServedModel(front, self.source, self.num_classes, self.names, self.colors,
+                           model=None, digest=self.digest, align_corners=self.align_corners)
 
     def describe(self, limits: dict) -> dict:
         """``GET /v1/model``: the classes, palette and input contract."""
