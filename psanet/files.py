@@ -7,11 +7,14 @@ imports only :mod:`psanet.errors` of ours, so that every layer can.
 """
 import contextlib
 import errno
+import fcntl
 import os
 import re
 import secrets
 import shutil
+import socket
 import tempfile
+import time
 
 import cv2
 
@@ -19,13 +22,15 @@ from psanet.errors import ConfigError, DiskFullError
 
 __all__ = ['TEMP_MARK', 'RETIRED_SUFFIX', 'PREVIOUS', 'check_save_dir', 'check_output_file',
            'make_output_dir', 'fsync', 'raise_if_disk_full', 'write_file_whole', 'write_folder',
-           'write_bytes', 'write_image', 'delete_folders', 'remove_stale_temporaries']
+           'write_bytes', 'write_image', 'delete_folders', 'remove_stale_temporaries',
+           'LOCK_FILE', 'SaveDirLock']
 
 # Marks the hidden temporaries of a file or folder written whole: `.<name>.tmp-<pid>...`;
 # a folder being replaced waits in `.<name>.old.tmp-<pid>-*/previous` until the swap is done.
 TEMP_MARK = '.tmp-'
 RETIRED_SUFFIX = '.old'
 PREVIOUS = 'previous'
+LOCK_FILE = '.train.lock'  # in a training run's save_dir: SaveDirLock
 _RETIRED = re.compile(r'^\.(.+)' + re.escape(RETIRED_SUFFIX + TEMP_MARK))
 
 
@@ -282,3 +287,48 @@ def delete_folders(paths):
         os.replace(path, os.path.join(trash, f'{i}_{os.path.basename(os.path.normpath(path))}'))
     fsync(parent)
     shutil.rmtree(trash, ignore_errors=True)
+
+
+class SaveDirLock:
+    """An exclusive ``flock`` on ``<save_dir>/.train.lock`` (a training run's), which names
+    the holder; ``warn(message)`` where the file system cannot lock."""
+
+    def __init__(self, save_dir, warn):
+        check_save_dir(save_dir)  # as every job's: a file in the way, no write permission
+        os.makedirs(save_dir, exist_ok=True)
+        self.path, self.fd = os.path.join(save_dir, LOCK_FILE), None
+        while self.fd is None:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 512, 0).decode(errors='replace').strip()
+                os.close(fd)
+                raise ConfigError(
+                    f'--save_dir {save_dir} is in use by another training '
+                    f'({holder or "pid unknown"}): two runs in one folder would mix their '
+                    'checkpoints and train.log; wait for it to end or pick another '
+                    '--save_dir.') from None
+            except OSError as error:
+                os.close(fd)
+                if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                    raise
+                warn(f'--save_dir {save_dir} cannot be locked on this file system ({error}): '
+                     'a second run started in it at once would not be refused.')
+                return
+            # A holder deletes the file before unlocking it: hold the file that is there now.
+            with contextlib.suppress(FileNotFoundError):
+                if os.path.samestat(os.fstat(fd), os.stat(self.path)):
+                    self.fd = fd
+            if self.fd is None:
+                os.close(fd)
+        os.ftruncate(self.fd, 0)
+        os.write(self.fd, f'pid {os.getpid()} on {socket.gethostname()}, started '
+                          f'{time.strftime("%Y-%m-%d %H:%M:%S")}\n'.encode())
+
+    def release(self):
+        if self.fd is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self.path)
+            os.close(self.fd)
+            self.fd = None

@@ -1,12 +1,7 @@
 """A training run's save_dir, owned by one :class:`RunFolder` from the run's start to its end:
 lock, pick and refuse on opening (rank 0 looks, one all-reduce tells every rank), resume,
 save, keep the best, unlock. Why: docs/design.md."""
-import contextlib
-import errno
-import fcntl
 import os
-import socket
-import time
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -17,12 +12,11 @@ from psanet.core import checkpoint as ckpt
 from psanet.core import dist
 from psanet.core.options import RESUME_AUTO, recipe_changes
 from psanet.errors import CheckpointError, ConfigError, few
-from psanet.files import check_save_dir, delete_folders, remove_stale_temporaries
+from psanet.files import SaveDirLock, delete_folders, remove_stale_temporaries
 from psanet.log import get_logger
 
-__all__ = ['LOCK_FILE', 'BEST_MODEL', 'RunState', 'RunFolder']
+__all__ = ['BEST_MODEL', 'RunState', 'RunFolder']
 
-LOCK_FILE = '.train.lock'
 BEST_MODEL = 'best_model'
 
 
@@ -69,7 +63,7 @@ class RunFolder:
         error, picked = None, None
         if self._main:
             try:
-                self._lock = _SaveDirLock(self.path)
+                self._lock = SaveDirLock(self.path, get_logger().warning)
                 remove_stale_temporaries(self.path)
                 self._look()
                 picked = (ckpt.named_iteration(self.resume_model)
@@ -370,48 +364,3 @@ def _warn_of_another_schedule(options, saved, scheduler):
             f'iters {saved_iters} -> {options.iters} changes the LR schedule '
             f'({type(scheduler).__name__} over iters): the learning rate at iteration '
             f'{saved["iteration"]} is {new_lr:.6g}, where the saved run was at {saved_lr:.6g}.')
-
-
-class _SaveDirLock:
-    """An exclusive ``flock`` on ``<save_dir>/.train.lock``, which names the holder."""
-
-    def __init__(self, save_dir):
-        check_save_dir(save_dir)  # as every job's: a file in the way, no write permission
-        os.makedirs(save_dir, exist_ok=True)
-        self.path, self.fd = os.path.join(save_dir, LOCK_FILE), None
-        while self.fd is None:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.pread(fd, 512, 0).decode(errors='replace').strip()
-                os.close(fd)
-                raise ConfigError(
-                    f'--save_dir {save_dir} is in use by another training '
-                    f'({holder or "pid unknown"}): two runs in one folder would mix their '
-                    'checkpoints and train.log; wait for it to end or pick another '
-                    '--save_dir.') from None
-            except OSError as error:
-                os.close(fd)
-                if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
-                    raise
-                get_logger().warning(
-                    f'--save_dir {save_dir} cannot be locked on this file system ({error}): '
-                    'a second run started in it at once would not be refused.')
-                return
-            # A holder deletes the file before unlocking it: hold the file that is there now.
-            with contextlib.suppress(FileNotFoundError):
-                if os.path.samestat(os.fstat(fd), os.stat(self.path)):
-                    self.fd = fd
-            if self.fd is None:
-                os.close(fd)
-        os.ftruncate(self.fd, 0)
-        os.write(self.fd, f'pid {os.getpid()} on {socket.gethostname()}, started '
-                          f'{time.strftime("%Y-%m-%d %H:%M:%S")}\n'.encode())
-
-    def release(self):
-        if self.fd is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(self.path)
-            os.close(self.fd)
-            self.fd = None
