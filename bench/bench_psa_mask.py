@@ -36,6 +36,13 @@ the R50 config's 59x59 mask on the maps of 512x256, 1024x512 and 2048x1024 input
 custom op's, exactly. ``--backends-only`` prints that table alone. ``--smoke``
 runs it at the smallest map only, one call per cell, and skips the first table:
 the CI check that the bench runs.
+
+``--branches`` (also part of ``--smoke``) prints the table alone of what an export runs of one
+R50 PSA branch after its attention convolution (the op, the softmax over H*W, the product with
+the 512-channel feature: ``PSABranch.attend``), exported twice and run side by side: ``before``,
+the map as the op writes it (collect transposed over positions, the softmax over its second
+axis), as exports ran it until 2026-12-05, and ``now``, the model's export form (the map never
+transposed), beside the same work with the custom op in dygraph. The two exports must agree.
 """
 import argparse
 import os
@@ -48,8 +55,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # compat first: it filters Paddle's "No ccache found" warning before paddle is imported
 # (psanet.compat.NO_CCACHE_NOTICE); psanet.ops does not import compat.
 from psanet import compat  # noqa: E402,F401
-from psanet.ops import (COLLECT, DISTRIBUTE, load_library, psa_mask,  # noqa: E402
-                        psa_mask_cpu_backward_into, psa_mask_cpu_threads)
+from psanet.ops import (COLLECT, DISTRIBUTE, PSA_TYPES, load_library, psa_impl,  # noqa: E402
+                        psa_mask, psa_mask_cpu_backward_into, psa_mask_cpu_threads)
 
 import numpy as np  # noqa: E402
 import paddle  # noqa: E402
@@ -84,9 +91,12 @@ def parse_args():
                         help='also time the exported pure-Paddle form in every backend')
     parser.add_argument('--backends-only', action='store_true',
                         help='the backends table alone')
+    parser.add_argument('--branches', action='store_true',
+                        help="the branch table alone: a PSA branch's op, softmax and product "
+                        'exported before and now, in every backend')
     parser.add_argument('--smoke', action='store_true',
-                        help='the backends table and the CPU backward kernel at the smallest '
-                        'map, one call per cell: the check CI runs')
+                        help='the backends and branch tables and the CPU backward kernel at '
+                        'the smallest map, one call per cell: the check CI runs')
     args = parser.parse_args()
     if args.smoke:
         args.backends, args.repeats = True, 1
@@ -290,16 +300,15 @@ class _PurePSAMask(paddle.nn.Layer):
         return psa_mask(x, self.psa_type, self.mask, impl='paddle'), self.one * 1.0
 
 
-def export_runners(args, mask, folder):
-    """{backend: run(x) -> y} for the pure-Paddle op exported into ``folder``."""
+def export_runners(args, layer, spec, folder):
+    """{backend: run(*arrays) -> first output} for ``layer`` exported into ``folder``."""
     from paddle import inference
 
     from psanet.contract import PARAMS_FILE, PROGRAM_FILE
     from psanet.export import export_onnx
-    spec = [paddle.static.InputSpec([None, mask * mask, None, None], 'float32', 'x')]
     prefix = os.path.join(folder, os.path.splitext(PROGRAM_FILE)[0])
-    paddle.jit.save(paddle.jit.to_static(_PurePSAMask(args.psa_type, mask), input_spec=spec,
-                                         full_graph=True), prefix)
+    with psa_impl('paddle'):
+        paddle.jit.save(paddle.jit.to_static(layer, input_spec=spec, full_graph=True), prefix)
     config = inference.Config(os.path.join(folder, PROGRAM_FILE),
                               os.path.join(folder, PARAMS_FILE))
     config.disable_gpu()
@@ -308,10 +317,11 @@ def export_runners(args, mask, folder):
     config.enable_mkldnn()
     predictor = inference.create_predictor(compat.configure_inference(config))
 
-    def paddle_inference(x):
-        handle = predictor.get_input_handle(predictor.get_input_names()[0])
-        handle.reshape(list(x.shape))
-        handle.copy_from_cpu(x)
+    def paddle_inference(*arrays):
+        for name, array in zip(predictor.get_input_names(), arrays):
+            handle = predictor.get_input_handle(name)
+            handle.reshape(list(array.shape))
+            handle.copy_from_cpu(array)
         predictor.run()
         return predictor.get_output_handle(predictor.get_output_names()[0]).copy_to_cpu()
 
@@ -326,12 +336,13 @@ def export_runners(args, mask, folder):
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = args.threads
     session = onnxruntime.InferenceSession(onnx, options, providers=['CPUExecutionProvider'])
-    runners['onnxruntime'] = lambda x: session.run(None, {session.get_inputs()[0].name: x})[0]
+    names = [i.name for i in session.get_inputs()]
+    runners['onnxruntime'] = lambda *arrays: session.run(None, dict(zip(names, arrays)))[0]
     core = openvino.Core()
     request = core.compile_model(core.read_model(onnx), 'CPU', {
         'INFERENCE_NUM_THREADS': args.threads, 'PERFORMANCE_HINT': 'LATENCY',
         'INFERENCE_PRECISION_HINT': 'f32'}).create_infer_request()
-    runners['OpenVINO'] = lambda x: np.array(request.infer([x])[0], copy=True)
+    runners['OpenVINO'] = lambda *arrays: np.array(request.infer(list(arrays))[0], copy=True)
     return runners
 
 
@@ -351,7 +362,9 @@ def backends_table(args):
     for mask, height, width in shapes:
         if mask not in runners:
             folder = tempfile.mkdtemp(prefix='bench_psa_mask_')
-            runners[mask] = export_runners(args, mask, folder)
+            spec = [paddle.static.InputSpec([None, mask * mask, None, None], 'float32', 'x')]
+            runners[mask] = export_runners(args, _PurePSAMask(args.psa_type, mask), spec,
+                                           folder)
         rng = np.random.default_rng(0)
         x_np = rng.standard_normal((1, mask * mask, height, width)).astype('float32')
         x = paddle.to_tensor(x_np)
@@ -381,6 +394,80 @@ def backends_table(args):
     print('\nEvery backend\'s output equals the custom op\'s exactly.')
 
 
+BRANCH_CHANNELS = 512  # configs/psanet R50's psa_channels
+
+
+class _BranchTail(paddle.nn.Layer):
+    """A PSA branch after its attention convolution: (attention, feature) -> aggregated
+    (:meth:`PSABranch.attend`); ``before``: the op's map as it writes it, softmaxed over
+    its second axis, then the product."""
+
+    def __init__(self, psa_type, mask, before):
+        super().__init__()
+        from psanet.models.psanet import PSABranch
+        self.branch = PSABranch(1, 1, psa_type, mask, mask, 1, 1.0, True, False)
+        self.before = before
+        self.one = self.create_parameter(  # as _PurePSAMask's
+            [1], default_initializer=paddle.nn.initializer.Constant(1.0))
+
+    def forward(self, attention, feature):
+        from psanet.models.psanet import aggregate
+        if not self.before:
+            return self.branch.attend(feature, attention) * self.one
+        dense = psa_mask(attention, self.branch.psa_type, self.branch.mask_h)
+        return aggregate(feature, paddle.nn.functional.softmax(dense, axis=1)) * self.one
+
+
+def branches_table(args):
+    """One branch's op, softmax and product exported before and now, in every backend."""
+    import tempfile
+    shapes = BACKEND_SHAPES[:1] if args.smoke else BACKEND_SHAPES
+    names = ['Paddle Inference', 'onnxruntime', 'OpenVINO']
+    print(f'\nA PSA branch after its attention convolution ({args.psa_type}, softmax, '
+          f'{BRANCH_CHANNELS} channels, N=1, exported with N, H, W dynamic), {args.threads} '
+          f'threads, median ms of {args.repeats} calls after one: the export before and now\n')
+    header = ['mask', 'map', 'custom op, dygraph'] + \
+        [f'{name} {when}' for name in names for when in ('before', 'now', 'before / now')]
+    print('| ' + ' | '.join(header) + ' |')
+    print('|' + '---|' * len(header))
+    psa_type = PSA_TYPES[args.psa_type]
+    runners = {}
+    for mask, height, width in shapes:
+        if mask not in runners:
+            spec = [paddle.static.InputSpec([None, mask * mask, None, None], 'float32', 'a'),
+                    paddle.static.InputSpec([None, BRANCH_CHANNELS, None, None], 'float32',
+                                            'x')]
+            runners[mask] = {
+                before: export_runners(args, _BranchTail(psa_type, mask, before), spec,
+                                       tempfile.mkdtemp(prefix='bench_psa_branch_'))
+                for before in (True, False)}
+        rng = np.random.default_rng(0)
+        arrays = (rng.standard_normal((1, mask * mask, height, width)).astype('float32'),
+                  rng.standard_normal((1, BRANCH_CHANNELS, height, width)).astype('float32'))
+        tensors = [paddle.to_tensor(a) for a in arrays]
+        dygraph = _BranchTail(psa_type, mask, False)
+        custom, _ = time_calls(lambda: dygraph(*tensors), args.repeats, args.max_seconds)
+        row = [f'{mask}x{mask}', f'{height}x{width}', fmt_ms(custom)]
+        for name in names:
+            if name not in runners[mask][False]:
+                row += ['—'] * 3
+                continue
+            calls = {before: (lambda run=runners[mask][before][name]: run(*arrays))
+                     for before in (True, False)}
+            before_out, now_out = calls[True](), calls[False]()
+            atol = 1e-5 * np.abs(before_out).max()
+            if not np.allclose(before_out, now_out, rtol=0, atol=atol):
+                raise SystemExit(f'bench_psa_mask: {name}: the branch exported now differs '
+                                 f'from before by {np.abs(before_out - now_out).max():.3g} '
+                                 f'at {height}x{width}, mask {mask}.')
+            seconds = {before: time_calls(call, args.repeats, args.max_seconds)[0]
+                       for before, call in calls.items()}
+            row += [fmt_ms(seconds[True]), fmt_ms(seconds[False]),
+                    fmt_ratio(seconds[True], seconds[False])]
+        print('| ' + ' | '.join(row) + ' |', flush=True)
+    print('\nIn every backend the two exports agree within 1e-5 of the largest output.')
+
+
 def main():
     args = parse_args()
     if args.device == 'gpu' and gpu_name() is None:
@@ -396,9 +483,13 @@ def main():
         paddle.base.core.set_num_threads(args.threads)
         where = f'CPU, {os.cpu_count()} CPUs, op threads {psa_mask_cpu_threads()}'
         limit = 'write limit'
+    if args.branches:
+        branches_table(args)
+        return
     if args.smoke or args.backends_only:
         backends_table(args)
         if args.smoke and args.device == 'cpu':
+            branches_table(args)
             backward_kernel_table(args)
         return
     print(f'psa_mask on {where}, {args.psa_type}, float32: paddle {paddle.__version__}, median '

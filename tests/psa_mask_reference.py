@@ -13,6 +13,7 @@ iteration), so the same lines serve 1x1 maps and Cityscapes' 97x97 windows on
 element, psanet/ops/psa_mask.py builds one index map for all of them);
 tests/test_psa_mask.py (both forms of the op), tests/test_psanet_model.py and the
 GPU harness tests/gpu/run_gpu_checks.py (which runs without Paddle) all import it.
+``branch_reference`` is a PSA branch's softmax and aggregation over such a map, in float64.
 """
 import functools
 
@@ -75,3 +76,39 @@ def reference_backward(grad_y, psa_type, mask_h, mask_w):
     grad_x = np.zeros((num, mask_h * mask_w * positions), grad_y.dtype)
     grad_x[:, x_index] = grad_y.reshape(num, -1)[:, y_index]
     return grad_x.reshape(num, mask_h * mask_w, height, width)
+
+
+_FLOAT32_EPS = float(np.finfo(np.float32).eps)
+
+
+def branch_reference(x_reduced, dense, scale, softmax):
+    """Softmax over the H*W axis, then out[c, p] = sum_a x[c, a] * A[a, p], in float64.
+
+    Returns:
+        tuple: the output, and the largest error float32 may make computing it, in
+        any order of the sums: with K = H*W, the softmax's sum and the product's
+        each round at most K times (unit roundoff eps/2); exp(z) is off by |z| eps/2
+        more, z = A - max A being rounded; exp, the division and the scale round a
+        few times more. So (K + max|z| + 8) * eps32 of sum_a |x[c, a] * A[a, p]|: a
+        first-order worst case, which no instruction set or thread count exceeds.
+    """
+    n, c, h, w = x_reduced.shape
+    a = dense.reshape(n, h * w, h * w).astype(np.float64)
+    spread = 0.0
+    if softmax:
+        z = a - a.max(axis=1, keepdims=True)
+        spread = float(np.abs(z).max())
+        a = np.exp(z)
+        a = a / a.sum(axis=1, keepdims=True)
+    x = x_reduced.reshape(n, c, h * w).astype(np.float64)
+    out = np.einsum('nca,nap->ncp', x, a) * scale
+    magnitude = np.einsum('nca,nap->ncp', np.abs(x), np.abs(a)) * abs(scale)
+    bound = (h * w + spread + 8) * _FLOAT32_EPS * magnitude
+    return out.reshape(n, c, h, w), bound.reshape(n, c, h, w)
+
+
+def assert_within(out, expected, bound):
+    error = np.abs(out - expected)
+    worst = np.unravel_index(np.argmax(error - bound), error.shape)
+    assert (error <= bound).all(), (f'{int((error > bound).sum())} outputs off; at {worst}: '
+                                    f'{error[worst]:.3g} > {bound[worst]:.3g}')

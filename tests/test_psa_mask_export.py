@@ -5,6 +5,7 @@ The expected values are the dygraph outputs of the same layer (whose op is
 checked against a numpy loop in test_psa_mask.py), or for the op alone the numpy
 loop itself, exactly.
 """
+import contextlib
 import json
 import os
 import sys
@@ -18,6 +19,7 @@ from conftest import ROOT, assert_logits_agree, needs_onnx, reordered_sum_rtol, 
 from predictor_helpers import cpu_config, create, predict, run_once
 from psa_mask_reference import reference_forward
 from psanet import compat
+from psanet.models.psanet import PSABranch
 from psanet.ops import load_library, psa_impl, psa_mask
 
 CHANNELS = 4
@@ -245,3 +247,66 @@ def test_pure_op_in_onnxruntime_and_openvino_is_exact(pure_export):
         for x in pure_inputs():
             np.testing.assert_array_equal(run(x), pure_expected(x),
                                           err_msg=f'{name} {x.shape}')
+
+
+class TwoBranches(paddle.nn.Layer):
+    """PSANet's collect and distribute branches (softmax on, 5x3 windows) side by side."""
+
+    def __init__(self):
+        super().__init__()
+        self.branches = paddle.nn.LayerList(
+            [PSABranch(CHANNELS, 6, psa_type, 5, 3, 1, normalization_factor=1.0,
+                       psa_softmax=True, compact=False) for psa_type in (0, 1)])
+
+    def forward(self, x):
+        return paddle.concat([branch(x) for branch in self.branches], axis=1)
+
+
+@pytest.fixture(scope='module')
+def branch_export(tmp_path_factory):
+    """Exported with the pure op, the branches never transpose their maps
+    (PSABranch._aggregate_exported); dygraph runs the op and softmax as written, which
+    tests/test_psanet_model.py holds against numpy."""
+    paddle.seed(2)
+    layer = TwoBranches()
+    layer.eval()
+    expected = [layer(paddle.to_tensor(x)).numpy() for x in inputs()]
+    twin = TwoBranches()
+    twin.set_state_dict(layer.state_dict())
+    twin.eval()
+    folder = tmp_path_factory.mktemp('psa_branches')
+    with psa_impl('paddle'):
+        save(twin, str(folder / 'model'))
+    return folder, expected
+
+
+def assert_branches_agree(got, expected, what):
+    # The sums: a 1x1 convolution over CHANNELS, BN, the aggregation over H*W <= 30.
+    atol = reordered_sum_rtol(30) * np.abs(expected).max()
+    np.testing.assert_allclose(got, expected, rtol=0, atol=atol, err_msg=what)
+
+
+@pytest.mark.parametrize('onednn', [False, True])
+def test_exported_branches_in_paddle_inference_match_dygraph(branch_export, onednn):
+    folder, expected = branch_export
+    predictor = create(compat.configure_inference(cpu_config(str(folder / 'model'), onednn)))
+    for x, want in zip(inputs(), expected):
+        assert_branches_agree(run_once(predictor, x), want, f'oneDNN {onednn} {x.shape}')
+
+
+@needs_onnx
+def test_exported_branches_in_onnxruntime_and_openvino_match_dygraph(branch_export):
+    import onnxruntime
+
+    from psanet.export import export_onnx
+    folder, expected = branch_export
+    path = export_onnx(str(folder))
+    session = onnxruntime.InferenceSession(path, providers=['CPUExecutionProvider'])
+    runs = {'onnxruntime': lambda x: session.run(None, {session.get_inputs()[0].name: x})[0]}
+    with contextlib.suppress(ImportError):
+        import openvino
+        compiled = openvino.Core().compile_model(path, 'CPU', {'INFERENCE_PRECISION_HINT': 'f32'})
+        runs['openvino'] = lambda x: np.array(compiled.create_infer_request().infer([x])[0])
+    for name, run in runs.items():
+        for x, want in zip(inputs(), expected):
+            assert_branches_agree(run(x), want, f'{name} {x.shape}')

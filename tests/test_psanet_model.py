@@ -12,9 +12,10 @@ from paddleseg.models import layers
 import psanet.models  # noqa: F401  (registers PSANet)
 from psanet.models import PSANet
 from psanet.models.psanet import PSABranch
-from conftest import FLOAT32_EPS, ROOT
+from psanet.ops import psa_impl
+from conftest import ROOT
 from engine_helpers import build_config_model
-from psa_mask_reference import reference_forward
+from psa_mask_reference import assert_within, branch_reference, reference_forward
 
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, 'configs', 'psanet', '*.yml')))
 
@@ -22,39 +23,6 @@ CONFIGS = sorted(glob.glob(os.path.join(ROOT, 'configs', 'psanet', '*.yml')))
 def small_backbone():
     from paddleseg.models.backbones import ResNet18_vd
     return ResNet18_vd(output_stride=8)
-
-
-def branch_reference(x_reduced, dense, scale, softmax):
-    """Softmax over the H*W axis, then out[c, p] = sum_a x[c, a] * A[a, p], in float64.
-
-    Returns:
-        tuple: the output, and the largest error float32 may make computing it, in
-        any order of the sums: with K = H*W, the softmax's sum and the product's
-        each round at most K times (unit roundoff eps/2); exp(z) is off by |z| eps/2
-        more, z = A - max A being rounded; exp, the division and the scale round a
-        few times more. So (K + max|z| + 8) * eps32 of sum_a |x[c, a] * A[a, p]|: a
-        first-order worst case, which no instruction set or thread count exceeds.
-    """
-    n, c, h, w = x_reduced.shape
-    a = dense.reshape(n, h * w, h * w).astype(np.float64)
-    spread = 0.0
-    if softmax:
-        z = a - a.max(axis=1, keepdims=True)
-        spread = float(np.abs(z).max())
-        a = np.exp(z)
-        a = a / a.sum(axis=1, keepdims=True)
-    x = x_reduced.reshape(n, c, h * w).astype(np.float64)
-    out = np.einsum('nca,nap->ncp', x, a) * scale
-    magnitude = np.einsum('nca,nap->ncp', np.abs(x), np.abs(a)) * abs(scale)
-    bound = (h * w + spread + 8) * FLOAT32_EPS * magnitude
-    return out.reshape(n, c, h, w), bound.reshape(n, c, h, w)
-
-
-def assert_within(out, expected, bound):
-    error = np.abs(out - expected)
-    worst = np.unravel_index(np.argmax(error - bound), error.shape)
-    assert (error <= bound).all(), (f'{int((error > bound).sum())} outputs off; at {worst}: '
-                                    f'{error[worst]:.3g} > {bound[worst]:.3g}')
 
 
 @pytest.mark.parametrize('path', CONFIGS, ids=[os.path.basename(p) for p in CONFIGS])
@@ -108,8 +76,11 @@ def test_odd_input_size_comes_back_at_input_size(psa_type):
 @pytest.mark.parametrize('psa_type', [0, 1])
 @pytest.mark.parametrize('softmax', [True, False])
 @pytest.mark.parametrize('shrink_factor', [1, 2])
-def test_psa_branch_matches_numpy(psa_type, softmax, shrink_factor):
-    """reduce -> shrink -> attention -> PSA mask -> softmax -> aggregation, in that order."""
+@pytest.mark.parametrize('form', ['dygraph', 'traced pure'])
+def test_psa_branch_matches_numpy(psa_type, softmax, shrink_factor, form):
+    """reduce -> shrink -> attention -> PSA mask -> softmax -> aggregation, in that order;
+    'traced pure' is what an export with the pure-Paddle op runs (the map never transposed:
+    PSABranch._aggregate_exported)."""
     paddle.seed(0)
     mask_h, mask_w = 5, 3
     branch = PSABranch(8, 6, psa_type, mask_h, mask_w, shrink_factor, normalization_factor=2.5,
@@ -119,7 +90,11 @@ def test_psa_branch_matches_numpy(psa_type, softmax, shrink_factor):
     # does not commute with reduce's ReLU (7x9 would be plain subsampling).
     x = paddle.randn([2, 8, 8, 10], dtype='float32')
     with paddle.no_grad():
-        out = branch(x).numpy()
+        if form == 'dygraph':
+            out = branch(x).numpy()
+        else:
+            with psa_impl('paddle'):
+                out = paddle.jit.to_static(branch.forward, full_graph=True)(x).numpy()
         reduced = branch.reduce(x)
         if shrink_factor > 1:
             size = [(8 - 1) // shrink_factor + 1, (10 - 1) // shrink_factor + 1]

@@ -48,6 +48,11 @@ def psa_impl(impl):
         _default_impl = previous
 
 
+def current_psa_impl(impl=None):
+    """The form ``psa_mask(..., impl=impl)`` runs: ``impl``, or else what ``psa_impl`` set."""
+    return _default_impl if impl is None else impl
+
+
 def _check_impl(impl):
     if impl not in _IMPLS:
         raise ValueError(f"psa_mask: impl must be one of {_IMPLS}, got {impl!r}.")
@@ -158,7 +163,7 @@ def psa_mask(x, psa_type, mask_size, impl=None):
     """
     psa_type = normalize_psa_type(psa_type)
     mask_h, mask_w = normalize_mask_size(mask_size)
-    impl = _default_impl if impl is None else impl
+    impl = current_psa_impl(impl)
     _check_impl(impl)
     _check_input(x, mask_h, mask_w)
     if impl == 'paddle':
