@@ -1,6 +1,6 @@
 """bench/bench_psa_mask.py runs (its --smoke mode, as CI runs it): each table it prints has its
 row, every timing cell a number, and the pure-Paddle form in every installed backend equal to
-the custom op (the bench stops otherwise)."""
+the custom op, the exported branches to dygraph's (the bench stops otherwise)."""
 import importlib.util
 import re
 import subprocess
@@ -44,6 +44,12 @@ def test_the_smoke_run_prints_both_tables_with_numbers():
     for name in ('onnxruntime', 'OpenVINO'):
         assert (row[name] != '—') == installed, (name, row[name])
     assert "Every backend's output equals the custom op's exactly." in result.stdout
+    branches = _table(result.stdout, 'mask | map | custom op: dygraph')
+    assert len(branches) == 1 and branches[0][:2] == ['59x59', '16x32'], branches
+    cells = branches[0][2:]
+    assert len(cells) == 2 + 3 * 3 and all(_ms(cell) > 0 for cell in cells[:5]), cells
+    assert all((cell != '—') == installed for cell in cells[5:]), cells
+    assert "Every output agrees with dygraph's" in result.stdout
     kernel = _table(result.stdout, 'mask | map | grad_out + grad_x')
     assert len(kernel) == 1 and kernel[0][:2] == ['59x59', '32x64'], kernel
     read, write, limit, bwd, ratio = (_ms(cell) for cell in kernel[0][3:])

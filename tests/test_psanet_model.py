@@ -105,6 +105,27 @@ def test_psa_branch_matches_numpy(psa_type, softmax, shrink_factor, form):
     assert_within(out, *branch_reference(reduced.numpy(), dense, 1 / 2.5, softmax))
 
 
+def test_each_trace_in_a_process_takes_the_op_form_it_is_traced_with(monkeypatch):
+    """An export made after another in the same process (bench_deploy, the API) must trace
+    its own form: the custom op, or the pure-Paddle op with the map never transposed."""
+    traced = []
+    aggregate_exported = PSABranch._aggregate_exported
+
+    def recording(self, x, attention):
+        traced.append('pure')
+        return aggregate_exported(self, x, attention)
+
+    monkeypatch.setattr(PSABranch, '_aggregate_exported', recording)
+    x = paddle.randn([1, 8, 6, 7])
+    for impl in ('custom', 'paddle', 'custom', 'paddle'):
+        branch = PSABranch(8, 6, 0, 5, 3, 1, 1.0, True, compact=False)
+        branch.eval()
+        traced.clear()
+        with psa_impl(impl):
+            paddle.jit.to_static(branch.forward, full_graph=True)(x)
+        assert traced == (['pure'] if impl == 'paddle' else []), impl
+
+
 @pytest.mark.parametrize('psa_type', [0, 1])
 def test_compact_matches_reference(psa_type):
     paddle.seed(1)
