@@ -466,6 +466,29 @@ def test_jit_save_replaces_the_inner_forward_where_its_record_says(tmp_path):
     assert ('forward' in model.__dict__) == compat.JIT_SAVE_FORWARD.needed()
 
 
+def test_to_static_freezes_a_global_read_where_its_record_says(tmp_path, monkeypatch):
+    """TO_STATIC_GLOBALS: a module setting read through a function that a traced forward
+    calls keeps the value of the first trace (fails once to_static reads the live one)."""
+    (tmp_path / 'frozen_setting.py').write_text(
+        "SETTING = 'first'\n\n\ndef read_setting():\n    return SETTING\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import frozen_setting
+    seen = []
+
+    class Reads(paddle.nn.Layer):
+        def forward(self, x):
+            seen.append(frozen_setting.read_setting())
+            return x * 2
+
+    traced = []  # each Layer kept alive while it is traced
+    for value in ('first', 'second'):
+        monkeypatch.setattr(frozen_setting, 'SETTING', value)
+        traced.append(Reads())
+        paddle.jit.to_static(traced[-1].forward, full_graph=True)(paddle.ones([2]))
+    assert seen == (['first', 'first'] if compat.TO_STATIC_GLOBALS.needed()
+                    else ['first', 'second'])
+
+
 def test_keep_forward_leaves_the_model_as_it_was(tmp_path):
     """After a wrapped save, the model runs as before and saves on its own (which fails on
     3.0.0 with "'WeakMethod' object has no attribute '__name__'" without keep_forward)."""

@@ -48,7 +48,7 @@ def psa_impl(impl):
         _default_impl = previous
 
 
-@paddle.jit.not_to_static  # to_static would read a copy of the module's globals, taken once
+@paddle.jit.not_to_static  # read live under to_static (psanet.compat.TO_STATIC_GLOBALS)
 def current_psa_impl(impl=None):
     """The form ``psa_mask(..., impl=impl)`` runs: ``impl``, or else what ``psa_impl`` set."""
     return _default_impl if impl is None else impl
