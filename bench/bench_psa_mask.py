@@ -42,8 +42,8 @@ R50 PSA branch after its attention convolution (the op, the softmax over H*W, th
 the 512-channel feature: ``PSABranch.attend``), exported twice and run side by side: ``before``,
 the map as the op writes it (collect transposed over positions, the softmax over its second
 axis), as exports ran it until 2026-12-05, and ``now``, the model's export form (the map never
-transposed), beside the same work with the custom op in dygraph and exported to Paddle Inference.
-Every output must agree with dygraph's.
+transposed), with the custom op (Paddle Inference) and the pure-Paddle op (every backend), beside
+the same work with the custom op in dygraph. Every output must agree with dygraph's.
 """
 import argparse
 import os
@@ -426,12 +426,15 @@ def branches_table(args):
     """One branch's op, softmax and product exported before and now, in every backend."""
     import tempfile
     shapes = BACKEND_SHAPES[:1] if args.smoke else BACKEND_SHAPES
-    names = ['Paddle Inference', 'onnxruntime', 'OpenVINO']
+    # (column, op form, backend): each exported before and now.
+    groups = [('Paddle Inference, custom op', 'custom', 'Paddle Inference'),
+              ('Paddle Inference, pure op', 'paddle', 'Paddle Inference'),
+              ('onnxruntime', 'paddle', 'onnxruntime'), ('OpenVINO', 'paddle', 'OpenVINO')]
     print(f'\nA PSA branch after its attention convolution ({args.psa_type}, softmax, '
           f'{BRANCH_CHANNELS} channels, N=1, exported with N, H, W dynamic), {args.threads} '
           f'threads, median ms of {args.repeats} calls after one: the export before and now\n')
-    header = ['mask', 'map', 'custom op: dygraph', 'custom op: Paddle Inference'] + \
-        [f'{name} {when}' for name in names for when in ('before', 'now', 'before / now')]
+    header = ['mask', 'map', 'custom op: dygraph'] + \
+        [f'{column} {when}' for column, _, _ in groups for when in ('before', 'now', 'before / now')]
     print('| ' + ' | '.join(header) + ' |')
     print('|' + '---|' * len(header))
     psa_type = PSA_TYPES[args.psa_type]
@@ -442,10 +445,9 @@ def branches_table(args):
                     paddle.static.InputSpec([None, BRANCH_CHANNELS, None, None], 'float32',
                                             'x')]
             runners[mask] = {
-                form: export_runners(args, _BranchTail(psa_type, mask, form == 'before'), spec,
-                                     tempfile.mkdtemp(prefix='bench_psa_branch_'),
-                                     'custom' if form == 'custom' else 'paddle')
-                for form in ('custom', 'before', 'now')}
+                (impl, before): export_runners(args, _BranchTail(psa_type, mask, before), spec,
+                                               tempfile.mkdtemp(prefix='bench_psa_branch_'), impl)
+                for impl in ('custom', 'paddle') for before in (True, False)}
         rng = np.random.default_rng(0)
         arrays = (rng.standard_normal((1, mask * mask, height, width)).astype('float32'),
                   rng.standard_normal((1, BRANCH_CHANNELS, height, width)).astype('float32'))
@@ -455,25 +457,22 @@ def branches_table(args):
         # Each output is a mean of features (softmax weights): sums of H*W terms in any order.
         atol = 4 * np.finfo(np.float32).eps * np.sqrt(height * width) * np.abs(arrays[1]).max()
 
-        def checked(name, form):
-            run = runners[mask][form][name]
+        def checked(column, run):
             got = run(*arrays)
             if not np.allclose(got, expected, rtol=0, atol=atol):
-                raise SystemExit(f'bench_psa_mask: the branch exported {form} differs in {name} '
+                raise SystemExit(f'bench_psa_mask: the branch exported for {column} differs '
                                  f'from dygraph by {np.abs(got - expected).max():.3g} (more than '
                                  f'{atol:.3g}) at {height}x{width}, mask {mask}.')
             return lambda: run(*arrays)
 
         row = [f'{mask}x{mask}', f'{height}x{width}',
-               fmt_ms(time_calls(lambda: dygraph(*tensors), args.repeats, args.max_seconds)[0]),
-               fmt_ms(time_calls(checked('Paddle Inference', 'custom'), args.repeats,
-                                 args.max_seconds)[0])]
-        for name in names:
-            if name not in runners[mask]['now']:
+               fmt_ms(time_calls(lambda: dygraph(*tensors), args.repeats, args.max_seconds)[0])]
+        for column, impl, name in groups:
+            if name not in runners[mask][impl, False]:
                 row += ['—'] * 3
                 continue
-            seconds = [time_calls(checked(name, form), args.repeats, args.max_seconds)[0]
-                       for form in ('before', 'now')]
+            seconds = [time_calls(checked(column, runners[mask][impl, before][name]),
+                                  args.repeats, args.max_seconds)[0] for before in (True, False)]
             row += [fmt_ms(seconds[0]), fmt_ms(seconds[1]), fmt_ratio(*seconds)]
         print('| ' + ' | '.join(row) + ' |', flush=True)
     print('\nEvery output agrees with dygraph\'s within 4 eps sqrt(H*W) of the largest feature.')

@@ -12,7 +12,7 @@ from paddleseg.models import layers
 import psanet.models  # noqa: F401  (registers PSANet)
 from psanet.models import PSANet
 from psanet.models.psanet import PSABranch
-from psanet.ops import psa_impl
+from psanet.ops import current_psa_impl, psa_impl
 from conftest import ROOT
 from engine_helpers import build_config_model
 from psa_mask_reference import assert_within, branch_reference, reference_forward
@@ -76,10 +76,10 @@ def test_odd_input_size_comes_back_at_input_size(psa_type):
 @pytest.mark.parametrize('psa_type', [0, 1])
 @pytest.mark.parametrize('softmax', [True, False])
 @pytest.mark.parametrize('shrink_factor', [1, 2])
-@pytest.mark.parametrize('form', ['dygraph', 'traced pure'])
+@pytest.mark.parametrize('form', ['dygraph', 'traced custom', 'traced paddle'])
 def test_psa_branch_matches_numpy(psa_type, softmax, shrink_factor, form):
     """reduce -> shrink -> attention -> PSA mask -> softmax -> aggregation, in that order;
-    'traced pure' is what an export with the pure-Paddle op runs (the map never transposed:
+    'traced' is what an export runs, with either op form (the map never transposed:
     PSABranch._aggregate_exported)."""
     paddle.seed(0)
     mask_h, mask_w = 5, 3
@@ -93,7 +93,7 @@ def test_psa_branch_matches_numpy(psa_type, softmax, shrink_factor, form):
         if form == 'dygraph':
             out = branch(x).numpy()
         else:
-            with psa_impl('paddle'):
+            with psa_impl(form.split()[1]):
                 out = paddle.jit.to_static(branch.forward, full_graph=True)(x).numpy()
         reduced = branch.reduce(x)
         if shrink_factor > 1:
@@ -107,12 +107,12 @@ def test_psa_branch_matches_numpy(psa_type, softmax, shrink_factor, form):
 
 def test_each_trace_in_a_process_takes_the_op_form_it_is_traced_with(monkeypatch):
     """An export made after another in the same process (bench_deploy, the API) must trace
-    its own form: the custom op, or the pure-Paddle op with the map never transposed."""
+    its own op form, custom or pure-Paddle, with the map never transposed."""
     traced = []
     aggregate_exported = PSABranch._aggregate_exported
 
     def recording(self, x, attention):
-        traced.append('pure')
+        traced.append(current_psa_impl(self.psa_mask.impl))
         return aggregate_exported(self, x, attention)
 
     monkeypatch.setattr(PSABranch, '_aggregate_exported', recording)
@@ -123,7 +123,7 @@ def test_each_trace_in_a_process_takes_the_op_form_it_is_traced_with(monkeypatch
         traced.clear()
         with psa_impl(impl):
             paddle.jit.to_static(branch.forward, full_graph=True)(x)
-        assert traced == (['pure'] if impl == 'paddle' else []), impl
+        assert traced == [impl]
 
 
 @pytest.mark.parametrize('psa_type', [0, 1])

@@ -22,8 +22,7 @@ from paddleseg.utils import logger, utils
 from psanet.compat import autocast_dtype
 from psanet.errors import ArgumentError, CheckpointError, ConfigError, is_integer
 from psanet.models.reproduction import convert_reproduction_state, is_reproduction_state
-from psanet.ops import (BI_DIRECTIONAL, COLLECT, DISTRIBUTE, PSA_TYPE_NAMES, PSAMask,
-                        current_psa_impl, psa_mask)
+from psanet.ops import BI_DIRECTIONAL, COLLECT, DISTRIBUTE, PSA_TYPE_NAMES, PSAMask, psa_mask
 
 __all__ = ['PSANet', 'PSAHead', 'PSABranch', 'AttentionMemory']
 _ELEMENT_BYTES = {paddle.float16: 2, paddle.bfloat16: 2, paddle.float32: 4, paddle.float64: 8}
@@ -351,10 +350,10 @@ class PSABranch(nn.Layer):
 
     def attend(self, x, attention):
         """``x`` aggregated over the dense map of the ``attention`` logits (the op, the
-        softmax, the product); traced with the pure-Paddle op, as :meth:`_aggregate_exported`."""
+        softmax, the product); traced for an export, as :meth:`_aggregate_exported`."""
         if self.compact:
             attention = self._compact_attention(attention)
-        elif not paddle.in_dynamic_mode() and current_psa_impl(self.psa_mask.impl) == 'paddle':
+        elif not paddle.in_dynamic_mode():
             return self._aggregate_exported(x, attention)
         else:
             attention = self.psa_mask(attention)
@@ -362,12 +361,13 @@ class PSABranch(nn.Layer):
 
     def _aggregate_exported(self, x, attention):
         """``aggregate(x, normalize(psa_mask(attention)))`` in the form that exports run
-        fastest (the pure-Paddle op, traced). The op's shear makes distribute's map Y[n, p, q]
-        without a transpose over positions; collect's map is Y's transpose, so its softmax
-        runs over Y's last axis and the product takes Y transposed; distribute's softmax
-        divides the product's C rows by the sums instead of the H*W rows of the map.
-        onnxruntime otherwise transposes the whole map three times (docs/psa_mask.md)."""
-        y = psa_mask(attention, DISTRIBUTE, (self.mask_h, self.mask_w), impl='paddle')
+        fastest, with the op form ``psa_impl`` sets. From distribute's map Y[n, p, q] (the
+        pure op's shear makes it without a transpose over positions): collect's map is Y's
+        transpose, so its softmax runs over Y's last axis and the product takes Y transposed;
+        distribute's softmax divides the product's C rows by its sums instead of the H*W
+        rows of the map. onnxruntime would otherwise transpose the whole map up to three
+        times, Paddle Inference softmax it over a strided axis (docs/psa_mask.md)."""
+        y = psa_mask(attention, DISTRIBUTE, (self.mask_h, self.mask_w), impl=self.psa_mask.impl)
         y, features = y.reshape([0, 0, -1]), x.reshape([0, 0, -1])
         if self.psa_type == COLLECT:
             if self.psa_softmax:
