@@ -375,7 +375,9 @@ class PSABranch(nn.Layer):
             out = paddle.matmul(features, y, transpose_y=True)
         elif self.psa_softmax:
             y = paddle.exp(y - y.max(axis=1, keepdim=True))
-            out = paddle.bmm(features, y) / y.sum(axis=1, keepdim=True)
+            # A row of ones under the feature: the product's last row is the sums over p.
+            out = paddle.bmm(paddle.concat([features, paddle.ones_like(features[:, :1])], 1), y)
+            out = out[:, :-1] / out[:, -1:]
         else:
             out = paddle.bmm(features, y)
         return out.reshape(paddle.shape(x))
