@@ -44,6 +44,9 @@ the map as the op writes it (collect transposed over positions, the softmax over
 axis), as exports ran it until 2026-12-05, and ``now``, the model's export form (the map never
 transposed), with the custom op (Paddle Inference) and the pure-Paddle op (every backend), beside
 the same work with the custom op in dygraph. Every output must agree with dygraph's.
+``--model-size W H`` adds the whole R50 model (configs/psanet R50, random weights) at a WxH
+input, exported the same two ways (``before``: its branches' ``attend`` replaced by the former
+form), in Paddle Inference (custom op, oneDNN on), onnxruntime and OpenVINO.
 """
 import argparse
 import os
@@ -95,6 +98,9 @@ def parse_args():
     parser.add_argument('--branches', action='store_true',
                         help="the branch table alone: a PSA branch's op, softmax and product "
                         'exported before and now, in every backend')
+    parser.add_argument('--model-size', type=int, nargs=2, metavar=('W', 'H'), default=None,
+                        help='with --branches: also the whole R50 model (random weights) at '
+                        'this input size, exported before and now')
     parser.add_argument('--smoke', action='store_true',
                         help='the backends and branch tables and the CPU backward kernel at '
                         'the smallest map, one call per cell: the check CI runs')
@@ -478,6 +484,74 @@ def branches_table(args):
     print('\nEvery output agrees with dygraph\'s within 4 eps sqrt(H*W) of the largest feature.')
 
 
+R50_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs',
+                          'psanet', 'psanet_resnet50_os8_cityscapes_1024x512_80k.yml')
+
+
+def _attend_before(branch):
+    """``branch.attend`` as exports ran it until 2026-12-05 (see _BranchTail)."""
+    from psanet.models.psanet import aggregate
+
+    def attend(x, attention):
+        return aggregate(x, branch.normalize(branch.psa_mask(attention)))
+    return attend
+
+
+def model_table(args):
+    """The whole R50 model at --model-size, exported before and now, side by side."""
+    import tempfile
+
+    from psanet.core.config import ComponentBuilder, load_config
+    from psanet.deploy.backends import create_runner, installed
+    from psanet.deploy.deploy_config import DeployConfig
+    from psanet.deploy.predictor import PaddleRunner, PredictorOptions
+    from psanet.export import ExportOptions, export_model
+    from psanet.models.psanet import PSABranch
+    cfg = load_config(R50_CONFIG, opts=['model.backbone.pretrained=None'])
+    width, height = args.model_size
+    x = np.random.default_rng(0).standard_normal((1, 3, height, width)).astype('float32')
+    options = PredictorOptions(cpu_threads=args.threads)
+    onnx = all(installed(b) for b in ('onnxruntime', 'openvino'))
+    runs = {}
+    for form in ('before', 'now'):
+        paddle.seed(0)
+        model = ComponentBuilder(cfg).model
+        model.eval()
+        if form == 'before':
+            for layer in model.sublayers():
+                if isinstance(layer, PSABranch):
+                    layer.attend = _attend_before(layer)
+        folders = {impl: tempfile.mkdtemp(prefix=f'bench_psa_model_{form}_{impl}_')
+                   for impl in ('custom', 'paddle')}
+        for impl, folder in folders.items():
+            export_model(model, cfg.dic['val_dataset']['transforms'], folder, ExportOptions(
+                output_op='none', psa_impl=impl, onnx=onnx and impl == 'paddle'))
+        runs['Paddle Inference, custom op', form] = PaddleRunner(
+            DeployConfig(folders['custom']), options).run
+        for backend in ('onnxruntime', 'openvino') if onnx else ():
+            runs[backend, form] = create_runner(DeployConfig(folders['paddle']), backend,
+                                                options).run
+        if form == 'now':
+            with paddle.no_grad():
+                expected = model(paddle.to_tensor(x))[0].numpy()
+    print(f'\nPSANet R50-D8 (random weights), one {width}x{height} image, {args.threads} threads, '
+          f'median ms of {args.repeats} calls after one: exported before and now\n')
+    print('| backend | before | now | before / now |\n|---|---|---|---|')
+    scale = np.abs(expected).max()
+    for name in dict.fromkeys(key[0] for key in runs):
+        seconds = []
+        for form in ('before', 'now'):
+            got = runs[name, form](x)
+            if np.abs(got - expected).max() > 1e-3 * scale:
+                raise SystemExit(f'bench_psa_mask: the model exported {form} differs in {name} '
+                                 f'from dygraph by {np.abs(got - expected).max():.3g}.')
+            seconds.append(time_calls(lambda run=runs[name, form]: run(x), args.repeats,
+                                      args.max_seconds * 10)[0])
+        print(f'| {name} | {fmt_ms(seconds[0])} | {fmt_ms(seconds[1])} | '
+              f'{fmt_ratio(*seconds)} |', flush=True)
+    print('\nEvery output within 1e-3 of the largest logit of dygraph\'s.')
+
+
 def main():
     args = parse_args()
     if args.device == 'gpu' and gpu_name() is None:
@@ -495,6 +569,8 @@ def main():
         limit = 'write limit'
     if args.branches:
         branches_table(args)
+        if args.model_size:
+            model_table(args)
         return
     if args.smoke or args.backends_only:
         backends_table(args)
