@@ -44,7 +44,7 @@ the map as the op writes it (collect transposed over positions, the softmax over
 axis), as exports ran it until 2026-12-05, and ``now``, the model's export form (the map never
 transposed), with the custom op (Paddle Inference) and the pure-Paddle op (every backend), beside
 the same work with the custom op in dygraph. Every output must agree with dygraph's.
-``--model-size W H`` adds the whole R50 model (configs/psanet R50, random weights) at a WxH
+``--model-size W H`` prints (after it, with ``--branches``) the whole R50 model (configs/psanet R50, random weights) at a WxH
 input, exported the same two ways (``before``: its branches' ``attend`` replaced by the former
 form), in Paddle Inference (custom op, oneDNN on), onnxruntime and OpenVINO.
 """
@@ -99,8 +99,8 @@ def parse_args():
                         help="the branch table alone: a PSA branch's op, softmax and product "
                         'exported before and now, in every backend')
     parser.add_argument('--model-size', type=int, nargs=2, metavar=('W', 'H'), default=None,
-                        help='with --branches: also the whole R50 model (random weights) at '
-                        'this input size, exported before and now')
+                        help='the whole R50 model (random weights) at this input size, exported '
+                        'before and now (after the branch table with --branches)')
     parser.add_argument('--smoke', action='store_true',
                         help='the backends and branch tables and the CPU backward kernel at '
                         'the smallest map, one call per cell: the check CI runs')
@@ -510,7 +510,7 @@ def model_table(args):
     cfg = load_config(R50_CONFIG, opts=['model.backbone.pretrained=None'])
     width, height = args.model_size
     x = np.random.default_rng(0).standard_normal((1, 3, height, width)).astype('float32')
-    options = PredictorOptions(cpu_threads=args.threads)
+    options = PredictorOptions(cpu_threads=args.threads, enable_mkldnn=True)
     onnx = all(installed(b) for b in ('onnxruntime', 'openvino'))
     runs = {}
     for form in ('before', 'now'):
@@ -526,7 +526,7 @@ def model_table(args):
         for impl, folder in folders.items():
             export_model(model, cfg.dic['val_dataset']['transforms'], folder, ExportOptions(
                 output_op='none', psa_impl=impl, onnx=onnx and impl == 'paddle'))
-        runs['Paddle Inference, custom op', form] = PaddleRunner(
+        runs['Paddle Inference, custom op, oneDNN on', form] = PaddleRunner(
             DeployConfig(folders['custom']), options).run
         for backend in ('onnxruntime', 'openvino') if onnx else ():
             runs[backend, form] = create_runner(DeployConfig(folders['paddle']), backend,
@@ -567,8 +567,9 @@ def main():
         paddle.base.core.set_num_threads(args.threads)
         where = f'CPU, {os.cpu_count()} CPUs, op threads {psa_mask_cpu_threads()}'
         limit = 'write limit'
-    if args.branches:
-        branches_table(args)
+    if args.branches or args.model_size:
+        if args.branches:
+            branches_table(args)
         if args.model_size:
             model_table(args)
         return
