@@ -44,8 +44,8 @@ the map as the op writes it (collect transposed over positions, the softmax over
 axis), as exports ran it until 2026-12-05, and ``now``, the model's export form (the map never
 transposed), with the custom op (Paddle Inference) and the pure-Paddle op (every backend), beside
 the same work with the custom op in dygraph. Every output must agree with dygraph's.
-``--model-size W H`` prints (after it, with ``--branches``) the whole R50 model (configs/psanet R50, random weights) at a WxH
-input, exported the same two ways (``before``: its branches' ``attend`` replaced by the former
+``--model-size W H`` prints (after it, with ``--branches``) the whole model of ``--model-config``
+(default: configs/psanet R50; random weights) at a WxH input, exported the same two ways (``before``: its branches' ``attend`` replaced by the former
 form), in Paddle Inference (custom op, oneDNN on), onnxruntime and OpenVINO.
 """
 import argparse
@@ -74,6 +74,10 @@ BATCHES = [1, 8]
 # the maps of 512x256, 1024x512 and 2048x1024 inputs.
 BACKEND_SHAPES = [(59, 16, 32), (59, 32, 64), (59, 64, 128)]
 GIB = 1 << 30
+_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs',
+                        'psanet')
+R50_CONFIG = os.path.join(_CONFIGS, 'psanet_resnet50_os8_cityscapes_1024x512_80k.yml')
+MINI_CONFIG = os.path.join(_CONFIGS, 'psanet_resnet18_os8_mini_cityscapes_128x64_100.yml')
 
 
 def parse_args():
@@ -101,12 +105,15 @@ def parse_args():
     parser.add_argument('--model-size', type=int, nargs=2, metavar=('W', 'H'), default=None,
                         help='the whole R50 model (random weights) at this input size, exported '
                         'before and now (after the branch table with --branches)')
+    parser.add_argument('--model-config', default=R50_CONFIG,
+                        help='the config of --model-size; default: the R50 config')
     parser.add_argument('--smoke', action='store_true',
                         help='the backends and branch tables and the CPU backward kernel at '
                         'the smallest map, one call per cell: the check CI runs')
     args = parser.parse_args()
     if args.smoke:
         args.backends, args.repeats = True, 1
+        args.model_size, args.model_config = (64, 32), MINI_CONFIG
     return args
 
 
@@ -484,10 +491,6 @@ def branches_table(args):
     print('\nEvery output agrees with dygraph\'s within 4 eps sqrt(H*W) of the largest feature.')
 
 
-R50_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs',
-                          'psanet', 'psanet_resnet50_os8_cityscapes_1024x512_80k.yml')
-
-
 def _attend_before(branch):
     """``branch.attend`` as exports ran it until 2026-12-05 (see _BranchTail)."""
     from psanet.models.psanet import aggregate
@@ -498,7 +501,7 @@ def _attend_before(branch):
 
 
 def model_table(args):
-    """The whole R50 model at --model-size, exported before and now, side by side."""
+    """The whole model of --model-config at --model-size, exported before and now."""
     import tempfile
 
     from psanet.core.config import ComponentBuilder, load_config
@@ -507,7 +510,7 @@ def model_table(args):
     from psanet.deploy.predictor import PaddleRunner, PredictorOptions
     from psanet.export import ExportOptions, export_model
     from psanet.models.psanet import PSABranch
-    cfg = load_config(R50_CONFIG, opts=['model.backbone.pretrained=None'])
+    cfg = load_config(args.model_config, opts=['model.backbone.pretrained=None'])
     width, height = args.model_size
     x = np.random.default_rng(0).standard_normal((1, 3, height, width)).astype('float32')
     options = PredictorOptions(cpu_threads=args.threads, enable_mkldnn=True)
@@ -534,8 +537,9 @@ def model_table(args):
         if form == 'now':
             with paddle.no_grad():
                 expected = model(paddle.to_tensor(x))[0].numpy()
-    print(f'\nPSANet R50-D8 (random weights), one {width}x{height} image, {args.threads} threads, '
-          f'median ms of {args.repeats} calls after one: exported before and now\n')
+    print(f'\nPSANet of {os.path.basename(args.model_config)} (random weights), one {width}x'
+          f'{height} image, {args.threads} threads, median ms of {args.repeats} calls after one: '
+          'exported before and now\n')
     print('| backend | before | now | before / now |\n|---|---|---|---|')
     scale = np.abs(expected).max()
     for name in dict.fromkeys(key[0] for key in runs):
@@ -567,7 +571,7 @@ def main():
         paddle.base.core.set_num_threads(args.threads)
         where = f'CPU, {os.cpu_count()} CPUs, op threads {psa_mask_cpu_threads()}'
         limit = 'write limit'
-    if args.branches or args.model_size:
+    if (args.branches or args.model_size) and not args.smoke:
         if args.branches:
             branches_table(args)
         if args.model_size:
@@ -577,6 +581,7 @@ def main():
         backends_table(args)
         if args.smoke and args.device == 'cpu':
             branches_table(args)
+            model_table(args)
             backward_kernel_table(args)
         return
     print(f'psa_mask on {where}, {args.psa_type}, float32: paddle {paddle.__version__}, median '

@@ -1,6 +1,6 @@
 """bench/bench_psa_mask.py runs (its --smoke mode, as CI runs it): each table it prints has its
 row, every timing cell a number, and the pure-Paddle form in every installed backend equal to
-the custom op, the exported branches to dygraph's (the bench stops otherwise)."""
+the custom op, the exported branches and model to dygraph's (the bench stops otherwise)."""
 import importlib.util
 import re
 import subprocess
@@ -50,6 +50,12 @@ def test_the_smoke_run_prints_both_tables_with_numbers():
     assert len(cells) == 1 + 4 * 3 and all(_ms(cell) > 0 for cell in cells[:7]), cells
     assert all((cell != '—') == installed for cell in cells[7:]), cells
     assert "Every output agrees with dygraph's" in result.stdout
+    model = _table(result.stdout, 'backend | before | now')
+    want = ['Paddle Inference, custom op, oneDNN on'] + (['onnxruntime', 'openvino']
+                                                         if installed else [])
+    assert [row[0] for row in model] == want, model
+    assert all(_ms(cell) > 0 for row in model for cell in row[1:]), model
+    assert "Every output within 1e-3 of the largest logit of dygraph's." in result.stdout
     kernel = _table(result.stdout, 'mask | map | grad_out + grad_x')
     assert len(kernel) == 1 and kernel[0][:2] == ['59x59', '32x64'], kernel
     read, write, limit, bwd, ratio = (_ms(cell) for cell in kernel[0][3:])
