@@ -2,7 +2,8 @@
 # README's Quick start: set up, then the main job on the built-in mini Cityscapes, on the CPU:
 # generate data -> train PSANet (small config) -> evaluate with --aug_eval --flip_horizontal
 # -> predict a few images -> export -> run the exported model with Paddle Inference
-# -> draw the attention of a few pixels.
+# -> draw the attention of a few pixels. ITERS=N trains N iterations instead of the config's 100
+# (CI's run on the oldest stack: the same code, a shorter run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
@@ -20,7 +21,8 @@ python tools/make_mini_cityscapes.py --out "$DATA" --num_train 40 --num_val 10 -
 
 step "2/7 train ($CONFIG; --overwrite: a rerun starts this demo run over)"
 python train.py --config "$CONFIG" --device cpu --save_dir "$OUT/train" --do_eval \
-    --save_interval 100 --log_iters 10 --seed 0 --keep_checkpoint_max 1 --overwrite
+    --save_interval 100 --log_iters 10 --seed 0 --keep_checkpoint_max 1 --overwrite \
+    ${ITERS:+--iters "$ITERS"}
 
 MODEL=$OUT/train/best_model/model.pdparams
 step "3/7 evaluate with --aug_eval --flip_horizontal"
