@@ -45,8 +45,9 @@ axis), as exports ran it until 2026-12-05, and ``now``, the model's export form 
 transposed), with the custom op (Paddle Inference) and the pure-Paddle op (every backend), beside
 the same work with the custom op in dygraph. Every output must agree with dygraph's.
 ``--model-size W H`` prints (after it, with ``--branches``) the whole model of ``--model-config``
-(default: configs/psanet R50; random weights) at a WxH input, exported the same two ways (``before``: its branches' ``attend`` replaced by the former
-form), in Paddle Inference (custom op, oneDNN on), onnxruntime and OpenVINO.
+(default: configs/psanet R50; random weights) at a WxH input, exported the same two ways
+(``before``: its branches' ``attend`` replaced by the former form), in Paddle Inference (custom
+op, oneDNN on), onnxruntime and OpenVINO; ``--smoke`` runs it on the mini config at 64x32.
 """
 import argparse
 import os
@@ -446,8 +447,8 @@ def branches_table(args):
     print(f'\nA PSA branch after its attention convolution ({args.psa_type}, softmax, '
           f'{BRANCH_CHANNELS} channels, N=1, exported with N, H, W dynamic), {args.threads} '
           f'threads, median ms of {args.repeats} calls after one: the export before and now\n')
-    header = ['mask', 'map', 'custom op: dygraph'] + \
-        [f'{column} {when}' for column, _, _ in groups for when in ('before', 'now', 'before / now')]
+    header = ['mask', 'map', 'custom op: dygraph'] + [
+        f'{column} {when}' for column, _, _ in groups for when in ('before', 'now', 'before / now')]
     print('| ' + ' | '.join(header) + ' |')
     print('|' + '---|' * len(header))
     psa_type = PSA_TYPES[args.psa_type]
