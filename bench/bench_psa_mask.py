@@ -417,8 +417,8 @@ BRANCH_CHANNELS = 512  # configs/psanet R50's psa_channels
 
 class _BranchTail(paddle.nn.Layer):
     """A PSA branch after its attention convolution: (attention, feature) -> aggregated
-    (:meth:`PSABranch.attend`); ``before``: the op's map as it writes it, softmaxed over
-    its second axis, then the product."""
+    (:meth:`PSABranch.attend`); ``before``: :func:`_attend_before`, the form exports ran
+    until 2026-12-05."""
 
     def __init__(self, psa_type, mask, before):
         super().__init__()
@@ -429,11 +429,8 @@ class _BranchTail(paddle.nn.Layer):
             [1], default_initializer=paddle.nn.initializer.Constant(1.0))
 
     def forward(self, attention, feature):
-        from psanet.models.psanet import aggregate
-        if not self.before:
-            return self.branch.attend(feature, attention) * self.one
-        dense = psa_mask(attention, self.branch.psa_type, self.branch.mask_h)
-        return aggregate(feature, paddle.nn.functional.softmax(dense, axis=1)) * self.one
+        attend = _attend_before(self.branch) if self.before else self.branch.attend
+        return attend(feature, attention) * self.one
 
 
 def branches_table(args):
