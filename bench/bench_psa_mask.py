@@ -33,9 +33,13 @@ dynamic) and run in Paddle Inference (oneDNN on, psanet's predictor settings),
 onnxruntime and OpenVINO, beside the custom op in dygraph and the write limit, at
 the R50 config's 59x59 mask on the maps of 512x256, 1024x512 and 2048x1024 inputs
 (output stride 8, shrink factor 2). Each backend's output is checked against the
-custom op's, exactly. ``--backends-only`` prints that table alone. ``--smoke``
-runs it at the smallest map only, one call per cell, and skips the first table:
-the CI check that the bench runs.
+custom op's, exactly. The exported backends share their inputs and leave the
+output where they wrote it (no copy in or out, as inside a model). A second
+table, the floor, times in each backend one kernel writing the output: a map of
+zeros of its shape, exported as the op is; no form of the op can beat it there.
+``--backends-only`` prints those tables alone. ``--smoke`` runs them at the
+smallest map only, one call per cell, and skips the first table: the CI check
+that the bench runs.
 
 ``--branches`` (also part of ``--smoke``) prints the table alone of what an export runs of one
 R50 PSA branch after its attention convolution (the op, the softmax over H*W, the product with
@@ -315,9 +319,27 @@ class _PurePSAMask(paddle.nn.Layer):
         return psa_mask(x, self.psa_type, self.mask, impl='paddle'), self.one * 1.0
 
 
+class _ZeroMap(paddle.nn.Layer):
+    """A map of zeros of the op's output shape, for export: one kernel writing the output,
+    the least any form of the op can cost in a backend (the floor table)."""
+
+    def __init__(self):
+        super().__init__()
+        self.one = self.create_parameter(  # as _PurePSAMask's
+            [1], default_initializer=paddle.nn.initializer.Constant(1.0))
+
+    def forward(self, x):
+        shape = paddle.shape(x)
+        n, height, width = shape[0], shape[2], shape[3]
+        return paddle.zeros(paddle.stack([n, height * width, height, width])), self.one * 1.0
+
+
 def export_runners(args, layer, spec, folder, impl='paddle'):
-    """{backend: run(*arrays) -> first output} for ``layer`` exported into ``folder`` with the
-    ``impl`` form of the op (the custom op: Paddle Inference alone)."""
+    """{backend: bind} for ``layer`` exported into ``folder`` with the ``impl`` form of the op
+    (the custom op: Paddle Inference alone). ``bind(*arrays)`` returns ``(call, output)``:
+    ``call()`` runs the backend on the arrays, shared with it rather than copied in, and leaves
+    the output where the backend wrote it, as a layer inside a model would (what is timed);
+    ``output()`` copies the last call's first output out."""
     from paddle import inference
 
     from psanet.contract import PARAMS_FILE, PROGRAM_FILE
@@ -334,12 +356,15 @@ def export_runners(args, layer, spec, folder, impl='paddle'):
     predictor = inference.create_predictor(compat.configure_inference(config))
 
     def paddle_inference(*arrays):
-        for name, array in zip(predictor.get_input_names(), arrays):
-            handle = predictor.get_input_handle(name)
-            handle.reshape(list(array.shape))
-            handle.copy_from_cpu(array)
-        predictor.run()
-        return predictor.get_output_handle(predictor.get_output_names()[0]).copy_to_cpu()
+        tensors = [paddle.to_tensor(array) for array in arrays]
+        handles = [predictor.get_input_handle(name) for name in predictor.get_input_names()]
+
+        def call():
+            for handle, tensor in zip(handles, tensors):
+                handle.reshape(tensor.shape)
+                handle.share_external_data(tensor)
+            predictor.run()
+        return call, predictor.get_output_handle(predictor.get_output_names()[0]).copy_to_cpu
 
     runners = {'Paddle Inference': paddle_inference}
     if impl != 'paddle':
@@ -354,18 +379,33 @@ def export_runners(args, layer, spec, folder, impl='paddle'):
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = args.threads
     session = onnxruntime.InferenceSession(onnx, options, providers=['CPUExecutionProvider'])
-    names = [i.name for i in session.get_inputs()]
-    runners['onnxruntime'] = lambda *arrays: session.run(None, dict(zip(names, arrays)))[0]
-    core = openvino.Core()
-    request = core.compile_model(core.read_model(onnx), 'CPU', {
+
+    def onnx_runtime(*arrays):
+        binding = session.io_binding()
+        for node, array in zip(session.get_inputs(), arrays):
+            binding.bind_cpu_input(node.name, np.ascontiguousarray(array))
+        for node in session.get_outputs():
+            binding.bind_output(node.name, 'cpu')
+        return (lambda: session.run_with_iobinding(binding),
+                lambda: binding.copy_outputs_to_cpu()[0])
+
+    compiled = openvino.Core().compile_model(onnx, 'CPU', {
         'INFERENCE_NUM_THREADS': args.threads, 'PERFORMANCE_HINT': 'LATENCY',
-        'INFERENCE_PRECISION_HINT': 'f32'}).create_infer_request()
-    runners['OpenVINO'] = lambda *arrays: np.array(request.infer(list(arrays))[0], copy=True)
+        'INFERENCE_PRECISION_HINT': 'f32'})
+
+    def open_vino(*arrays):
+        request = compiled.create_infer_request()  # a fresh one takes any input shape
+        arrays = [np.ascontiguousarray(array) for array in arrays]
+        return (lambda: request.infer(arrays, share_inputs=True, share_outputs=True),
+                lambda: np.array(request.get_output_tensor(0).data, copy=True))
+
+    runners['onnxruntime'], runners['OpenVINO'] = onnx_runtime, open_vino
     return runners
 
 
 def backends_table(args):
-    """The pure-Paddle form in every backend beside the custom op (dygraph), one run."""
+    """The pure-Paddle form in every backend beside the custom op (dygraph), one run; then the
+    floor of each backend: a map of zeros of the output's shape."""
     import tempfile
     shapes = BACKEND_SHAPES[:1] if args.smoke else BACKEND_SHAPES
     names = ['dygraph', 'Paddle Inference', 'onnxruntime', 'OpenVINO']
@@ -376,13 +416,13 @@ def backends_table(args):
         [f'{name} (ratio)' for name in names]
     print('| ' + ' | '.join(header) + ' |')
     print('|' + '---|' * len(header))
-    runners = {}
+    runners, floors = {}, []
     for mask, height, width in shapes:
         if mask not in runners:
-            folder = tempfile.mkdtemp(prefix='bench_psa_mask_')
             spec = [paddle.static.InputSpec([None, mask * mask, None, None], 'float32', 'x')]
-            runners[mask] = export_runners(args, _PurePSAMask(args.psa_type, mask), spec,
-                                           folder)
+            runners[mask] = [export_runners(args, layer, spec,
+                                            tempfile.mkdtemp(prefix='bench_psa_mask_'))
+                             for layer in (_PurePSAMask(args.psa_type, mask), _ZeroMap())]
         rng = np.random.default_rng(0)
         x_np = rng.standard_normal((1, mask * mask, height, width)).astype('float32')
         x = paddle.to_tensor(x_np)
@@ -392,24 +432,43 @@ def backends_table(args):
         custom, _ = time_calls(lambda: psa_mask(x, args.psa_type, mask), args.repeats,
                                args.max_seconds)
         expected = psa_mask(x, args.psa_type, mask).numpy()
-        calls = {'dygraph': lambda: psa_mask(x, args.psa_type, mask, impl='paddle')}
-        for name, run in runners[mask].items():
-            calls[name] = lambda run=run: run(x_np)
-        row = [f'{mask}x{mask}', f'{height}x{width}', fmt_bytes(4 * positions ** 2),
-               fmt_ms(limit), fmt_ms(custom)]
+        zeros = np.zeros_like(expected)
+        op = {'dygraph': (lambda: psa_mask(x, args.psa_type, mask, impl='paddle'), None)}
+        floor = {'dygraph': (lambda: paddle.zeros([1, positions, height, width]), None)}
+        for name, bind in runners[mask][0].items():
+            op[name] = bind(x_np)
+        for name, bind in runners[mask][1].items():
+            floor[name] = bind(x_np)
+        output = fmt_bytes(4 * positions ** 2)
+        row = [f'{mask}x{mask}', f'{height}x{width}', output, fmt_ms(limit), fmt_ms(custom)]
+        floor_row = [f'{mask}x{mask}', f'{height}x{width}', output, fmt_ms(custom)]
         for name in names:
-            if name not in calls:
-                row.append('—')
-                continue
-            got = calls[name]()
-            got = got.numpy() if isinstance(got, paddle.Tensor) else got
-            if not np.array_equal(got, expected):
-                raise SystemExit(f'bench_psa_mask: {name} differs from the custom op at '
-                                 f'{height}x{width}, mask {mask}.')
-            seconds, _ = time_calls(calls[name], args.repeats, args.max_seconds)
-            row.append(f'{fmt_ms(seconds)} ({fmt_ratio(seconds, custom)})')
+            for calls, want, cells, what in ((op, expected, row, 'the op'),
+                                             (floor, zeros, floor_row, 'the zero map')):
+                if name not in calls:
+                    cells.append('—')
+                    continue
+                call, output_of = calls[name]
+                got = call()
+                got = got.numpy() if output_of is None else output_of()
+                if not np.array_equal(got, want):
+                    raise SystemExit(f'bench_psa_mask: {what} in {name} differs from the custom '
+                                     f'op\'s at {height}x{width}, mask {mask}.')
+                seconds, _ = time_calls(call, args.repeats, args.max_seconds)
+                cells.append(f'{fmt_ms(seconds)} ({fmt_ratio(seconds, custom)})')
         print('| ' + ' | '.join(row) + ' |', flush=True)
-    print('\nEvery backend\'s output equals the custom op\'s exactly.')
+        floors.append(floor_row)
+    print('\nEvery backend\'s output equals the custom op\'s exactly. The exported backends '
+          'share their inputs (no copy in) and leave the output where they wrote it (no copy '
+          'out), as a layer inside a model does.')
+    print('\nThe floor of each backend: one kernel writing the output, a map of zeros of its '
+          'shape (exported as the op is), ms (ratio to the custom op in dygraph): no form of '
+          'the op can be faster there\n')
+    header = ['mask', 'map', 'output', 'custom'] + [f'{name} zeros (ratio)' for name in names]
+    print('| ' + ' | '.join(header) + ' |')
+    print('|' + '---|' * len(header))
+    for floor_row in floors:
+        print('| ' + ' | '.join(floor_row) + ' |')
 
 
 BRANCH_CHANNELS = 512  # configs/psanet R50's psa_channels
@@ -468,13 +527,15 @@ def branches_table(args):
         # Each output is a mean of features (softmax weights): sums of H*W terms in any order.
         atol = 4 * np.finfo(np.float32).eps * np.sqrt(height * width) * np.abs(arrays[1]).max()
 
-        def checked(column, run):
-            got = run(*arrays)
+        def checked(column, bind):
+            call, output = bind(*arrays)
+            call()
+            got = output()
             if not np.allclose(got, expected, rtol=0, atol=atol):
                 raise SystemExit(f'bench_psa_mask: the branch exported for {column} differs '
                                  f'from dygraph by {np.abs(got - expected).max():.3g} (more than '
                                  f'{atol:.3g}) at {height}x{width}, mask {mask}.')
-            return lambda: run(*arrays)
+            return call
 
         row = [f'{mask}x{mask}', f'{height}x{width}',
                fmt_ms(time_calls(lambda: dygraph(*tensors), args.repeats, args.max_seconds)[0])]

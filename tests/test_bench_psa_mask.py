@@ -44,6 +44,21 @@ def test_the_smoke_run_prints_both_tables_with_numbers():
     for name in ('onnxruntime', 'OpenVINO'):
         assert (row[name] != '—') == installed, (name, row[name])
     assert "Every backend's output equals the custom op's exactly." in result.stdout
+    floor = _table(result.stdout, 'mask | map | output | custom')
+    assert len(floor) == 1 and floor[0][:3] == ['59x59', '16x32', '1 MiB'], floor
+    cells = dict(zip(['custom', 'dygraph', 'Paddle Inference', 'onnxruntime', 'OpenVINO'],
+                     floor[0][3:]))
+    assert _ms(cells['custom']) == _ms(row['custom']), (cells, row)
+    for name, cell in cells.items():
+        if name in ('onnxruntime', 'OpenVINO') and not installed:
+            assert cell == '—', (name, cell)
+            continue
+        if name == 'custom':
+            continue
+        # ms (its ratio to the custom op's ms); each ms rounded to 0.1, the ratio to 0.01
+        ms, ratio = (float(v) for v in re.fullmatch(r'([\d.]+) \(([\d.]+)\)', cell).groups())
+        assert abs(ms - ratio * _ms(cells['custom'])) <= 0.051 * (1 + ratio) + 0.005 * ms, \
+            (name, cell, cells['custom'])
     branches = _table(result.stdout, 'mask | map | custom op: dygraph')
     assert len(branches) == 1 and branches[0][:2] == ['59x59', '16x32'], branches
     cells = branches[0][2:]  # dygraph; before, now, ratio for PI custom, PI pure, ORT, OpenVINO
