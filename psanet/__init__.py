@@ -46,6 +46,41 @@ def _stop_below_range():
 _stop_below_range()
 
 
+def _amd_cpu_with_avx2(cpuinfo='/proc/cpuinfo'):
+    """True on a Linux AMD processor with AVX2 and FMA (read from ``cpuinfo``)."""
+    vendor = flags = None
+    try:
+        with open(cpuinfo, encoding='ascii', errors='replace') as lines:
+            for line in lines:
+                key, _, value = line.partition(':')
+                key = key.strip()
+                if key == 'vendor_id':
+                    vendor = value.strip()
+                elif key == 'flags':
+                    flags = value.split()
+                if vendor is not None and flags is not None:
+                    break
+    except OSError:  # not Linux
+        return False
+    return vendor == 'AuthenticAMD' and flags is not None and {'avx2', 'fma'} <= set(flags)
+
+
+def _mkl_avx2_on_amd(environ=None, cpuinfo='/proc/cpuinfo'):
+    """Sets MKL_DEBUG_CPU_TYPE=5 on an AMD CPU with AVX2 unless it is set: the MKL in
+    Paddle's wheels otherwise runs its generic path there (psanet.compat.MKL_ON_AMD).
+    Returns True when it set it. MKL reads it at its first call: paddle imported before
+    psanet is fine, a matmul run before it is not."""
+    import os
+    environ = os.environ if environ is None else environ
+    if 'MKL_DEBUG_CPU_TYPE' in environ or not _amd_cpu_with_avx2(cpuinfo):
+        return False
+    environ['MKL_DEBUG_CPU_TYPE'] = '5'
+    return True
+
+
+_mkl_avx2_on_amd()
+
+
 __all__ = ['Segmenter']
 
 

@@ -16,6 +16,7 @@ from paddleseg.utils import metrics
 from conftest import ROOT, autocast_state, run_process
 from predictor_helpers import cpu_config, predict
 import psanet.models  # noqa: F401  (applies the paddleseg fixes, as a config build does)
+import psanet
 from psanet import compat
 
 IGNORE = 255
@@ -648,3 +649,63 @@ def test_onnxruntime_still_logs_removing_initializer_on_the_int8_preprocessing(t
     stderr = _stderr_of_args(code, str(tmp_path / 'e' / 'model.onnx'),
                              str(tmp_path / 'folded.onnx'))
     assert compat.ORT_UNUSED_INITIALIZER in stderr, stderr
+
+
+_MATMUL_DIGEST = ('import hashlib, numpy as np, paddle\n'
+                  'rng = np.random.default_rng(0)\n'
+                  'a, b = (paddle.to_tensor(rng.standard_normal(s, dtype=np.float32))\n'
+                  '        for s in ((64, 1024), (1024, 64)))\n'
+                  'print(hashlib.sha1(paddle.matmul(a, b).numpy().tobytes()).hexdigest())\n')
+
+
+def _matmul_digest(mkl_debug_cpu_type):
+    """The digest of one Paddle matmul in a process that does not import psanet."""
+    env = dict(os.environ, MKL_DEBUG_CPU_TYPE=mkl_debug_cpu_type)
+    result = run_process([sys.executable, '-c', _MATMUL_DIGEST], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout.split()[-1]
+
+
+@pytest.mark.skipif(not psanet._amd_cpu_with_avx2(), reason='MKL_ON_AMD acts on AMD CPUs only')
+def test_mkl_takes_another_path_on_amd_where_its_record_says():
+    """MKL_ON_AMD: on this AMD CPU the variable changes MKL's code path, seen in the bits of
+    a matmul (sums in another order); when this fails, Paddle's MKL ignores it: delete the
+    record and psanet._mkl_avx2_on_amd. How much faster: bench/bench_mkl_path.py."""
+    if not os.path.exists(os.path.join(os.path.dirname(paddle.__file__), 'libs',
+                                       'libmklml_intel.so')):
+        pytest.skip('this Paddle has no MKL')
+    own, avx2 = _matmul_digest(''), _matmul_digest('5')
+    assert own != avx2
+    assert _matmul_digest('') == own  # the same path gives the same bits
+
+
+_CPUINFO = ('processor\t: 0\nvendor_id\t: {vendor}\ncpu family\t: 25\n'
+            'flags\t\t: fpu vme sse sse2 {flags} aes\nbogomips\t: 4890.85\n\n')
+
+
+@pytest.mark.parametrize('vendor, flags, preset, sets', [
+    ('AuthenticAMD', 'avx avx2 fma', None, True),
+    ('AuthenticAMD', 'avx fma', None, False),        # no AVX2: the path would not run
+    ('AuthenticAMD', 'avx avx2', None, False),       # no FMA
+    ('GenuineIntel', 'avx avx2 fma', None, False),   # MKL picks Intel's own path
+    ('AuthenticAMD', 'avx avx2 fma', '', False),     # the user's value, even empty, stays
+    ('AuthenticAMD', 'avx avx2 fma', '4', False)])
+def test_psanet_points_mkl_at_avx2_on_amd_cpus_only(tmp_path, vendor, flags, preset, sets):
+    cpuinfo = tmp_path / 'cpuinfo'
+    cpuinfo.write_text(_CPUINFO.format(vendor=vendor, flags=flags) * 2)
+    environ = {} if preset is None else {'MKL_DEBUG_CPU_TYPE': preset}
+    assert psanet._mkl_avx2_on_amd(environ, str(cpuinfo)) is sets
+    assert environ.get('MKL_DEBUG_CPU_TYPE') == ('5' if sets else preset)
+    assert psanet._mkl_avx2_on_amd({}, str(tmp_path / 'none')) is False  # not Linux
+
+
+def test_importing_psanet_sets_the_variable_where_this_cpu_needs_it():
+    env = {k: v for k, v in os.environ.items() if k != 'MKL_DEBUG_CPU_TYPE'}
+    code = 'import os, psanet; print(repr(os.environ.get("MKL_DEBUG_CPU_TYPE")))'
+    for preset, want in ((None, '5' if psanet._amd_cpu_with_avx2() else None), ('', '')):
+        run_env = env if preset is None else dict(env, MKL_DEBUG_CPU_TYPE=preset)
+        result = run_process([sys.executable, '-c', code], env=run_env, cwd=ROOT,
+                             capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert result.stdout.split()[-1] == repr(want), (preset, result.stdout)

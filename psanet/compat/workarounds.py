@@ -328,6 +328,18 @@ TO_STATIC_GLOBALS = Workaround(
     'Paddle 3.3.1 (3.0 to 3.2 not tried)',
     _COMPAT + 'test_to_static_freezes_a_global_read_where_its_record_says')
 
+MKL_ON_AMD = Workaround(
+    'MKL_ON_AMD',
+    "Paddle's CPU wheels carry MKL 2019.0 (libmklml_intel.so), which on an AMD processor takes "
+    'its generic code path: every Paddle matmul and the dygraph convolutions (im2col and '
+    'sgemm) run 2-3x slower than on its AVX2 path (bench/bench_mkl_path.py). '
+    'MKL_DEBUG_CPU_TYPE=5, read at MKL\'s first call, selects that path: importing psanet sets '
+    'it on a Linux AMD CPU with AVX2 and FMA unless it is set (an empty value keeps MKL\'s own '
+    'choice). oneDNN, onnxruntime and OpenVINO pick their code by instruction set already.',
+    ('psanet/__init__.py:_mkl_avx2_on_amd',), NONE_FILED,
+    'Paddle 3.0.0 to 3.3.1 (their CPU wheels carry the same libmklml_intel.so)',
+    _COMPAT + 'test_mkl_takes_another_path_on_amd_where_its_record_says')
+
 WORKAROUNDS = (
     NO_CCACHE_NOTICE, MEMORY_OPTIM, ONEDNN_PLACEMENT, ONEDNN_LAYOUT_INPUT, ENFORCE_NOT_MET,
     CORE_LIBRARY_NAME, OP_REGISTRATION, PADDLESEG_CROSS_ENTROPY, PADDLESEG_CALCULATE_AREA,
@@ -335,4 +347,4 @@ WORKAROUNDS = (
     PLACE_KIND, JIT_SAVE_FORWARD, PARAMETERLESS_PROGRAM, CPU_TENSOR_STREAM, FREE_GPU_MEMORY,
     BATCHNORM_TRACKING_NOTICE, BUILDER_YAML, PIR_OUT_TENSOR_LINE, ORT_INITIALIZER_LINES,
     ELASTIC_OWN_FAILURE, ONEDNN_INT_SCALE, OPTIMIZER_SCHEDULER, SYNC_BATCHNORM_BACK, CUSTOM_OP_CALL,
-    TO_STATIC_GLOBALS)
+    TO_STATIC_GLOBALS, MKL_ON_AMD)
