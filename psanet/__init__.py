@@ -5,6 +5,8 @@ the Python API (:mod:`psanet.api`) and the deploy package at that moment, and
 ``Segmenter.from_config`` the model code when it is called.
 ``import psanet.models`` registers ``type: PSANet`` with paddleseg (for a
 PaddleSeg script of one's own); every module of ours that needs the model imports it.
+On a Linux AMD CPU with AVX2 the import sets ``MKL_DEBUG_CPU_TYPE=5`` unless it is set, for
+Paddle's MKL to run its AVX2 path (psanet.compat.MKL_ON_AMD).
 
 A Paddle below the supported range stops the import with one line saying what
 to install: its version is read from the installed package's metadata, because
