@@ -142,8 +142,8 @@ def main(argv=None):
     args = parse_args(argv)
     if args.worker:
         return worker(args)
-    import psanet
-    amd = psanet._amd_cpu_with_avx2()
+    from psanet import amd_cpu_with_avx2
+    amd = amd_cpu_with_avx2()
     own, avx2 = run_worker(argv, ''), run_worker(argv, '5')
     matmul = '1x64x256' if args.smoke else '1x512x8192, map 8192x8192'
     conv = '1x8x16x16' if args.smoke else '2x256x64x128'

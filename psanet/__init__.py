@@ -48,7 +48,7 @@ def _stop_below_range():
 _stop_below_range()
 
 
-def _amd_cpu_with_avx2(cpuinfo='/proc/cpuinfo'):
+def amd_cpu_with_avx2(cpuinfo='/proc/cpuinfo'):
     """True on a Linux AMD processor with AVX2 and FMA (read from ``cpuinfo``)."""
     vendor = flags = None
     try:
@@ -67,20 +67,20 @@ def _amd_cpu_with_avx2(cpuinfo='/proc/cpuinfo'):
     return vendor == 'AuthenticAMD' and flags is not None and {'avx2', 'fma'} <= set(flags)
 
 
-def _mkl_avx2_on_amd(environ=None, cpuinfo='/proc/cpuinfo'):
+def mkl_avx2_on_amd(environ=None, cpuinfo='/proc/cpuinfo'):
     """Sets MKL_DEBUG_CPU_TYPE=5 on an AMD CPU with AVX2 unless it is set: the MKL in
     Paddle's wheels otherwise runs its generic path there (psanet.compat.MKL_ON_AMD).
     Returns True when it set it. MKL reads it at its first call: paddle imported before
     psanet is fine, a matmul run before it is not."""
     import os
     environ = os.environ if environ is None else environ
-    if 'MKL_DEBUG_CPU_TYPE' in environ or not _amd_cpu_with_avx2(cpuinfo):
+    if 'MKL_DEBUG_CPU_TYPE' in environ or not amd_cpu_with_avx2(cpuinfo):
         return False
     environ['MKL_DEBUG_CPU_TYPE'] = '5'
     return True
 
 
-_mkl_avx2_on_amd()
+mkl_avx2_on_amd()
 
 
 __all__ = ['Segmenter']

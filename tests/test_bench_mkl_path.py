@@ -4,8 +4,8 @@ import re
 import subprocess
 import sys
 
-import psanet
 from conftest import ROOT, run_process
+from psanet import amd_cpu_with_avx2
 
 
 def test_the_smoke_run_prints_every_row_with_both_paths():
@@ -13,7 +13,7 @@ def test_the_smoke_run_prints_every_row_with_both_paths():
                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          timeout=600)
     assert result.returncode == 0, result.stdout[-3000:]
-    amd = psanet._amd_cpu_with_avx2()
+    amd = amd_cpu_with_avx2()
     assert ('(AMD with AVX2; psanet sets MKL_DEBUG_CPU_TYPE)' if amd else
             '(not AMD with AVX2; psanet leaves MKL_DEBUG_CPU_TYPE)') in result.stdout
     rows = [line.strip('|').split('|') for line in result.stdout.splitlines()

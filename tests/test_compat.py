@@ -16,8 +16,7 @@ from paddleseg.utils import metrics
 from conftest import ROOT, autocast_state, run_process
 from predictor_helpers import cpu_config, predict
 import psanet.models  # noqa: F401  (applies the paddleseg fixes, as a config build does)
-import psanet
-from psanet import compat
+from psanet import amd_cpu_with_avx2, compat, mkl_avx2_on_amd
 
 IGNORE = 255
 EPS = 1e-8  # CrossEntropyLoss.EPS, in the denominator
@@ -667,11 +666,11 @@ def _matmul_digest(mkl_debug_cpu_type):
     return result.stdout.split()[-1]
 
 
-@pytest.mark.skipif(not psanet._amd_cpu_with_avx2(), reason='MKL_ON_AMD acts on AMD CPUs only')
+@pytest.mark.skipif(not amd_cpu_with_avx2(), reason='MKL_ON_AMD acts on AMD CPUs only')
 def test_mkl_takes_another_path_on_amd_where_its_record_says():
     """MKL_ON_AMD: on this AMD CPU the variable changes MKL's code path, seen in the bits of
     a matmul (sums in another order); when this fails, Paddle's MKL ignores it: delete the
-    record and psanet._mkl_avx2_on_amd. How much faster: bench/bench_mkl_path.py."""
+    record and psanet.mkl_avx2_on_amd. How much faster: bench/bench_mkl_path.py."""
     if not os.path.exists(os.path.join(os.path.dirname(paddle.__file__), 'libs',
                                        'libmklml_intel.so')):
         pytest.skip('this Paddle has no MKL')
@@ -695,15 +694,15 @@ def test_psanet_points_mkl_at_avx2_on_amd_cpus_only(tmp_path, vendor, flags, pre
     cpuinfo = tmp_path / 'cpuinfo'
     cpuinfo.write_text(_CPUINFO.format(vendor=vendor, flags=flags) * 2)
     environ = {} if preset is None else {'MKL_DEBUG_CPU_TYPE': preset}
-    assert psanet._mkl_avx2_on_amd(environ, str(cpuinfo)) is sets
+    assert mkl_avx2_on_amd(environ, str(cpuinfo)) is sets
     assert environ.get('MKL_DEBUG_CPU_TYPE') == ('5' if sets else preset)
-    assert psanet._mkl_avx2_on_amd({}, str(tmp_path / 'none')) is False  # not Linux
+    assert mkl_avx2_on_amd({}, str(tmp_path / 'none')) is False  # not Linux
 
 
 def test_importing_psanet_sets_the_variable_where_this_cpu_needs_it():
     env = {k: v for k, v in os.environ.items() if k != 'MKL_DEBUG_CPU_TYPE'}
     code = 'import os, psanet; print(repr(os.environ.get("MKL_DEBUG_CPU_TYPE")))'
-    for preset, want in ((None, '5' if psanet._amd_cpu_with_avx2() else None), ('', '')):
+    for preset, want in ((None, '5' if amd_cpu_with_avx2() else None), ('', '')):
         run_env = env if preset is None else dict(env, MKL_DEBUG_CPU_TYPE=preset)
         result = run_process([sys.executable, '-c', code], env=run_env, cwd=ROOT,
                              capture_output=True, text=True, timeout=120)

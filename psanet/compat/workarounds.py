@@ -336,7 +336,7 @@ MKL_ON_AMD = Workaround(
     'MKL_DEBUG_CPU_TYPE=5, read at MKL\'s first call, selects that path: importing psanet sets '
     'it on a Linux AMD CPU with AVX2 and FMA unless it is set (an empty value keeps MKL\'s own '
     'choice). oneDNN, onnxruntime and OpenVINO pick their code by instruction set already.',
-    ('psanet/__init__.py:_mkl_avx2_on_amd',), NONE_FILED,
+    ('psanet/__init__.py:mkl_avx2_on_amd',), NONE_FILED,
     'Paddle 3.0.0 to 3.3.1 (their CPU wheels carry the same libmklml_intel.so)',
     _COMPAT + 'test_mkl_takes_another_path_on_amd_where_its_record_says')
 
