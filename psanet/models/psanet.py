@@ -22,7 +22,8 @@ from paddleseg.utils import logger, utils
 from psanet.compat import autocast_dtype
 from psanet.errors import ArgumentError, CheckpointError, ConfigError, is_integer
 from psanet.models.reproduction import convert_reproduction_state, is_reproduction_state
-from psanet.ops import BI_DIRECTIONAL, COLLECT, DISTRIBUTE, PSA_TYPE_NAMES, PSAMask, psa_mask
+from psanet.ops import (BI_DIRECTIONAL, COLLECT, DISTRIBUTE, PSA_TYPE_NAMES, PSAMask,
+                        current_psa_impl, psa_mask)
 
 __all__ = ['PSANet', 'PSAHead', 'PSABranch', 'AttentionMemory']
 _ELEMENT_BYTES = {paddle.float16: 2, paddle.bfloat16: 2, paddle.float32: 4, paddle.float64: 8}
@@ -361,19 +362,29 @@ class PSABranch(nn.Layer):
 
     def _aggregate_exported(self, x, attention):
         """``aggregate(x, normalize(psa_mask(attention)))`` in the form that exports run
-        fastest, with the op form ``psa_impl`` sets. From distribute's map Y[n, p, q] (the
-        pure op's shear makes it without a transpose over positions): collect's map is Y's
-        transpose, so its softmax runs over Y's last axis and the product takes Y transposed;
-        distribute's softmax divides the product's C rows by its sums instead of the H*W
-        rows of the map. onnxruntime would otherwise transpose the whole map up to three
-        times, Paddle Inference softmax it over a strided axis (docs/psa_mask.md)."""
-        y = psa_mask(attention, DISTRIBUTE, (self.mask_h, self.mask_w), impl=self.psa_mask.impl)
-        y, features = y.reshape([0, 0, -1]), x.reshape([0, 0, -1])
-        if self.psa_type == COLLECT:
+        fastest, with the op form ``psa_impl`` sets: a map ``M[n, p, q]`` whose last axis is
+        the one the softmax runs over and the product sums, so that the softmax runs over
+        contiguous rows and the product takes ``M`` transposed. Collect's map is the op's
+        distribute form transposed, and distribute's its collect form transposed: the custom
+        op writes either form at the same cost, so each branch asks it for the other's. The
+        pure op's shear makes only distribute's form without a transpose over positions:
+        with it, distribute's branch takes that form as it is, its softmax over the first
+        position axis done as ``exp(Y - max)`` with the sums out of the product (a row of
+        ones under the feature). onnxruntime would otherwise transpose the whole map up to
+        three times, Paddle Inference softmax it over a strided axis (docs/psa_mask.md)."""
+        impl = current_psa_impl(self.psa_mask.impl)
+        features = x.reshape([0, 0, -1])
+        if self.psa_type == COLLECT or impl == 'custom':
+            form = DISTRIBUTE if self.psa_type == COLLECT else COLLECT
+            y = psa_mask(attention, form, (self.mask_h, self.mask_w), impl=impl)
+            y = y.reshape([0, 0, -1])
             if self.psa_softmax:
                 y = F.softmax(y, axis=-1)
             out = paddle.matmul(features, y, transpose_y=True)
-        elif self.psa_softmax:
+            return out.reshape(paddle.shape(x))
+        y = psa_mask(attention, DISTRIBUTE, (self.mask_h, self.mask_w), impl=impl)
+        y = y.reshape([0, 0, -1])
+        if self.psa_softmax:
             y = paddle.exp(y - y.max(axis=1, keepdim=True))
             # A row of ones under the feature: the product's last row is the sums over p.
             out = paddle.bmm(paddle.concat([features, paddle.ones_like(features[:, :1])], 1), y)
