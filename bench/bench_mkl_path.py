@@ -60,6 +60,12 @@ def parse_args(argv=None):
     return args
 
 
+def op_shapes(smoke):
+    """{row: shape} of the matmul ([N, C, H*W] against an H*W x H*W map) and conv rows."""
+    return {'matmul': (1, 64, 256) if smoke else (1, 512, 64 * 128),
+            'conv': (1, 8, 16, 16) if smoke else (2, 256, 64, 128)}
+
+
 def median_seconds(fn, repeats):
     fn()
     samples = []
@@ -81,8 +87,7 @@ def worker(args):
     import paddle
     paddle.base.core.set_num_threads(args.threads)
     paddle.seed(0)
-    shapes = {'matmul': (1, 64, 256) if args.smoke else (1, 512, 64 * 128),
-              'conv': (1, 8, 16, 16) if args.smoke else (2, 256, 64, 128)}
+    shapes = op_shapes(args.smoke)
     seconds = {}
     n, channels, positions = shapes['matmul']
     features, attention = paddle.randn([n, channels, positions]), \
@@ -114,11 +119,11 @@ def worker(args):
     from psanet.deploy.predictor import PaddleRunner, PredictorOptions
     from psanet.export import ExportOptions, export_model
     model.eval()
-    folder = tempfile.mkdtemp(prefix='bench_mkl_path_')
-    export_model(model, cfg.dic['val_dataset']['transforms'], folder,
-                 ExportOptions(output_op='none', psa_impl='custom'))
-    run = PaddleRunner(DeployConfig(folder), PredictorOptions(
-        cpu_threads=args.threads, enable_mkldnn=True)).run
+    with tempfile.TemporaryDirectory(prefix='bench_mkl_path_') as folder:
+        export_model(model, cfg.dic['val_dataset']['transforms'], folder,
+                     ExportOptions(output_op='none', psa_impl='custom'))
+        run = PaddleRunner(DeployConfig(folder), PredictorOptions(
+            cpu_threads=args.threads, enable_mkldnn=True)).run
     width, height = args.infer_size
     batch = paddle.randn([1, 3, height, width]).numpy()
     seconds['inference'] = median_seconds(lambda: run(batch), args.repeats)
@@ -145,9 +150,9 @@ def main(argv=None):
     from psanet import amd_cpu_with_avx2
     amd = amd_cpu_with_avx2()
     own, avx2 = run_worker(argv, ''), run_worker(argv, '5')
-    matmul = '1x64x256' if args.smoke else '1x512x8192, map 8192x8192'
-    conv = '1x8x16x16' if args.smoke else '2x256x64x128'
-    shapes = {'matmul': matmul, 'conv': conv,
+    n, channels, positions = op_shapes(args.smoke)['matmul']
+    shapes = {'matmul': f'{n}x{channels}x{positions}, map {positions}x{positions}',
+              'conv': 'x'.join(str(d) for d in op_shapes(args.smoke)['conv']),
               'train': f'{os.path.basename(args.config)}, {args.crop[0]}x{args.crop[1]}',
               'inference': f'custom op, oneDNN on, {args.infer_size[0]}x{args.infer_size[1]}'}
     print(f'\nPaddle\'s MKL on this CPU ({"AMD with AVX2" if amd else "not AMD with AVX2"}; '

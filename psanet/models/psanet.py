@@ -373,18 +373,15 @@ class PSABranch(nn.Layer):
         ones under the feature). onnxruntime would otherwise transpose the whole map up to
         three times, Paddle Inference softmax it over a strided axis (docs/psa_mask.md)."""
         impl = current_psa_impl(self.psa_mask.impl)
-        features = x.reshape([0, 0, -1])
-        if self.psa_type == COLLECT or impl == 'custom':
-            form = DISTRIBUTE if self.psa_type == COLLECT else COLLECT
-            y = psa_mask(attention, form, (self.mask_h, self.mask_w), impl=impl)
-            y = y.reshape([0, 0, -1])
+        other = self.psa_type == COLLECT or impl == 'custom'  # the other branch's form
+        form = COLLECT if other and self.psa_type == DISTRIBUTE else DISTRIBUTE
+        y = psa_mask(attention, form, (self.mask_h, self.mask_w), impl=impl)
+        y, features = y.reshape([0, 0, -1]), x.reshape([0, 0, -1])
+        if other:
             if self.psa_softmax:
                 y = F.softmax(y, axis=-1)
             out = paddle.matmul(features, y, transpose_y=True)
-            return out.reshape(paddle.shape(x))
-        y = psa_mask(attention, DISTRIBUTE, (self.mask_h, self.mask_w), impl=impl)
-        y = y.reshape([0, 0, -1])
-        if self.psa_softmax:
+        elif self.psa_softmax:
             y = paddle.exp(y - y.max(axis=1, keepdim=True))
             # A row of ones under the feature: the product's last row is the sums over p.
             out = paddle.bmm(paddle.concat([features, paddle.ones_like(features[:, :1])], 1), y)
